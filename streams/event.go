@@ -1,0 +1,317 @@
+package streams
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Headers carried by every change message, so that a consumer can route and
+// check order without decoding the body.
+const (
+	// HeaderMsgID is JetStream's dedup key: "<watermark>:<part>" of the
+	// message's first part.
+	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderWatermark is the commit watermark of the message's last part.
+	HeaderWatermark = "Jetsync-Watermark"
+	// HeaderPart is the part number of the message's last part.
+	HeaderPart = "Jetsync-Part"
+	// HeaderCommit is set, to the watermark, when the message's last part
+	// completes its transaction.
+	HeaderCommit = "Jetsync-Commit"
+	// HeaderReplicaVersion names the initial sync the message builds on.
+	// It changes only with a reset.
+	HeaderReplicaVersion = "Jetsync-Replica-Version"
+)
+
+// MaxMessageBytes bounds an encoded change message; the producer starts a new
+// part before a message would grow past it. It sits well under NATS's default
+// 1 MiB max payload. Chunking must be a pure function of the change sequence
+// (a restarted producer skips the parts already in the stream), so this is a
+// constant, not a setting.
+const MaxMessageBytes = 512 << 10
+
+// MaxChangesPerMessage bounds the changes in one message, for the same
+// reason.
+const MaxChangesPerMessage = 4096
+
+// Op names a change.
+type Op string
+
+// Row changes.
+const (
+	OpInsert   Op = "insert"
+	OpUpdate   Op = "update"
+	OpDelete   Op = "delete"
+	OpTruncate Op = "truncate"
+)
+
+// Initial sync and schema.
+const (
+	// OpReset opens an initial sync: a consumer drops everything it built
+	// and starts over at Reset.ReplicaVersion.
+	OpReset Op = "reset"
+	// OpCreateTable creates a table (initial sync, or DDL).
+	OpCreateTable Op = "create-table"
+	// OpCreateIndex creates an index.
+	OpCreateIndex Op = "create-index"
+	// OpBackfill carries many rows of the initial copy, column-wise.
+	OpBackfill Op = "backfill"
+)
+
+// Message is the body of one change message. All of it belongs to one table
+// (Schema, Table), or to none when it is on the tx subject. It holds either
+// one part of a transaction, or several complete transactions in commit
+// order: the producer packs small transactions on one table together while
+// the server is busy, so a small transaction costs at most one message.
+type Message struct {
+	Schema string `json:"schema,omitempty"`
+	Table  string `json:"table,omitempty"`
+	Parts  []Part `json:"parts"`
+}
+
+// Part is a transaction, or a part of one. Parts of a transaction are
+// numbered from 0 and all carry its commit watermark; the one with Last set
+// completes it. A transaction that spans subjects ends with an empty Last part
+// on the tx subject.
+type Part struct {
+	Watermark string `json:"wm"`
+	// Prev is the commit watermark of the transaction before this one, set
+	// on part 0. A consumer whose own watermark differs has missed history.
+	Prev         string   `json:"prev,omitempty"`
+	Num          int      `json:"part"`
+	Last         bool     `json:"last,omitempty"`
+	CommitTimeMs float64  `json:"commitTimeMs,omitempty"`
+	Changes      []Change `json:"changes"`
+}
+
+// Row maps column names to values in the client's JSON form
+// (../shared/spec/replication.md §5): numbers, strings, booleans, null, and
+// parsed JSON for json, jsonb and array columns.
+type Row map[string]json.RawMessage
+
+// Change is one entry of a Part.
+type Change struct {
+	Op Op `json:"op"`
+	// New is the inserted or updated row. Unchanged TOASTed columns are left
+	// out of an update, so a consumer must keep their old values.
+	New Row `json:"new,omitempty"`
+	// Old is the key of a deleted row; on an update, the old key when the key
+	// changed, or the whole old row under REPLICA IDENTITY FULL.
+	Old Row `json:"old,omitempty"`
+
+	Reset *Reset     `json:"reset,omitempty"`
+	Spec  *TableSpec `json:"spec,omitempty"`
+	Index *IndexSpec `json:"index,omitempty"`
+
+	// Columns and Rows carry a backfill: each row holds Columns' values in
+	// order.
+	Columns []string            `json:"columns,omitempty"`
+	Rows    [][]json.RawMessage `json:"rows,omitempty"`
+}
+
+// Reset describes the initial sync that follows it.
+type Reset struct {
+	ReplicaVersion string   `json:"replicaVersion"`
+	Publications   []string `json:"publications"`
+	// SystemID is the upstream cluster's system identifier and Slot the
+	// replication slot; a producer that finds either changed resyncs.
+	SystemID string `json:"systemID"`
+	Slot     string `json:"slot"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// TableSpec describes a published table.
+type TableSpec struct {
+	Schema     string       `json:"schema"`
+	Name       string       `json:"name"`
+	Columns    []ColumnSpec `json:"columns"`
+	PrimaryKey []string     `json:"primaryKey,omitempty"`
+}
+
+// ColumnSpec describes a published column.
+type ColumnSpec struct {
+	Name string `json:"name"`
+	Pos  int    `json:"pos"`
+	// DataType is the upstream type name without modifiers ("int8",
+	// "varchar", "mood", "int4[]").
+	DataType string `json:"dataType"`
+	// Kind is how the value travels: one of the Kind* constants.
+	Kind                   Kind `json:"kind"`
+	NotNull                bool `json:"notNull,omitempty"`
+	Enum                   bool `json:"enum,omitempty"`
+	Array                  bool `json:"array,omitempty"`
+	CharacterMaximumLength int  `json:"characterMaximumLength,omitempty"`
+}
+
+// Kind is the client-facing type of a column (replication.md §5).
+type Kind string
+
+// Kinds.
+const (
+	KindNumber  Kind = "number"
+	KindString  Kind = "string"
+	KindBoolean Kind = "boolean"
+	KindJSON    Kind = "json"
+	// KindUnsupported columns (bytea, interval, ...) carry the Postgres text
+	// form as a string and are never synced to clients.
+	KindUnsupported Kind = "unsupported"
+)
+
+// IndexSpec describes an index on a published table.
+type IndexSpec struct {
+	Schema    string   `json:"schema"`
+	TableName string   `json:"tableName"`
+	Name      string   `json:"name"`
+	Unique    bool     `json:"unique"`
+	Columns   []string `json:"columns"`
+	Desc      []bool   `json:"desc,omitempty"`
+}
+
+// ErrMalformed reports a change message that does not follow this contract.
+var ErrMalformed = errors.New("malformed change message")
+
+// Encode returns the wire form of m.
+func Encode(m *Message) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// Decode parses and validates a change message body.
+func Decode(data []byte) (*Message, error) {
+	var m Message
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// Validate checks m's internal order: parts continue one another, and every
+// change is well formed.
+func (m *Message) Validate() error {
+	if len(m.Parts) == 0 {
+		return fmt.Errorf("%w: no parts", ErrMalformed)
+	}
+	for i := range m.Parts {
+		p := &m.Parts[i]
+		if _, err := ParseLexi(p.Watermark); err != nil {
+			return fmt.Errorf("%w: part %d: %v", ErrMalformed, i, err)
+		}
+		if p.Num < 0 {
+			return fmt.Errorf("%w: part %d: negative number", ErrMalformed, i)
+		}
+		if i > 0 {
+			q := &m.Parts[i-1]
+			cont := p.Watermark == q.Watermark && p.Num == q.Num+1 && !q.Last
+			next := q.Last && p.Num == 0 && p.Watermark > q.Watermark
+			if !cont && !next {
+				return fmt.Errorf("%w: part %d (%s:%d) does not follow %s:%d", ErrMalformed, i, p.Watermark, p.Num, q.Watermark, q.Num)
+			}
+		}
+		for j := range p.Changes {
+			if err := p.Changes[j].validate(m.Table != ""); err != nil {
+				return fmt.Errorf("%w: part %d change %d: %v", ErrMalformed, i, j, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Change) validate(onTable bool) error {
+	needTable := func() error {
+		if !onTable {
+			return fmt.Errorf("%s outside a table message", c.Op)
+		}
+		return nil
+	}
+	switch c.Op {
+	case OpInsert:
+		if c.New == nil {
+			return errors.New("insert without new")
+		}
+		return needTable()
+	case OpUpdate:
+		if c.New == nil {
+			return errors.New("update without new")
+		}
+		return needTable()
+	case OpDelete:
+		if c.Old == nil {
+			return errors.New("delete without old")
+		}
+		return needTable()
+	case OpTruncate:
+		return needTable()
+	case OpReset:
+		if c.Reset == nil {
+			return errors.New("reset without reset")
+		}
+		if _, err := ParseLexi(c.Reset.ReplicaVersion); err != nil {
+			return err
+		}
+		return nil
+	case OpCreateTable:
+		if c.Spec == nil || c.Spec.Name == "" || len(c.Spec.Columns) == 0 {
+			return errors.New("create-table without a spec")
+		}
+		return needTable()
+	case OpCreateIndex:
+		if c.Index == nil || c.Index.Name == "" || len(c.Index.Columns) == 0 {
+			return errors.New("create-index without a spec")
+		}
+		return needTable()
+	case OpBackfill:
+		for i, r := range c.Rows {
+			if len(r) != len(c.Columns) {
+				return fmt.Errorf("backfill row %d has %d values for %d columns", i, len(r), len(c.Columns))
+			}
+		}
+		return needTable()
+	default:
+		return fmt.Errorf("unknown op %q", c.Op)
+	}
+}
+
+// MsgID is the Nats-Msg-Id of a message whose first part is (wm, part).
+func MsgID(wm string, part int) string { return wm + ":" + strconv.Itoa(part) }
+
+// Value converts a client-form JSON value into what a SQLite replica stores:
+// nil, int64, float64, string, or, for a JSON object or array, its text.
+// Booleans become 0 or 1.
+func Value(raw json.RawMessage) (any, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	switch c := raw[0]; {
+	case c == 'n':
+		return nil, nil
+	case c == 't':
+		return int64(1), nil
+	case c == 'f':
+		return int64(0), nil
+	case c == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
+		return s, nil
+	case c == '{' || c == '[':
+		return string(raw), nil
+	default:
+		if i, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+			return i, nil
+		}
+		f, err := strconv.ParseFloat(string(raw), 64)
+		// Like zero-cache's Number(text), a numeric beyond float64 becomes ±Inf.
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
+			return nil, fmt.Errorf("%w: bad number %q", ErrMalformed, raw)
+		}
+		return f, nil
+	}
+}

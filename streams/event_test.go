@@ -1,0 +1,98 @@
+package streams
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+func TestDecode(t *testing.T) {
+	good := []string{
+		`{"schema":"public","table":"t","parts":[{"wm":"0a","prev":"09","part":0,"last":true,"changes":[{"op":"insert","new":{"id":1}}]}]}`,
+		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":3,"changes":[{"op":"delete","old":{"id":1}}]}]}`,
+		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"0b","part":0,"changes":[{"op":"truncate"}]}]}`,
+		`{"parts":[{"wm":"0a","part":0,"changes":[{"op":"reset","reset":{"replicaVersion":"0a","publications":["p"],"systemID":"1","slot":"s"}}]}]}`,
+	}
+	for _, s := range good {
+		m, err := Decode([]byte(s))
+		if err != nil {
+			t.Errorf("Decode(%s) = %v", s, err)
+			continue
+		}
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("Encode: %v", err)
+		}
+		m2, err := Decode(b)
+		if err != nil {
+			t.Fatalf("Decode(Encode) = %v", err)
+		}
+		b2, _ := Encode(m2)
+		if string(b) != string(b2) {
+			t.Errorf("round trip changed %s into %s", b, b2)
+		}
+	}
+	bad := []string{
+		``, `{}`, `{"parts":[]}`, `[1]`,
+		`{"table":"t","parts":[{"wm":"x","part":0,"changes":[]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"nope"}]}]}`,
+		`{"parts":[{"wm":"0a","part":0,"changes":[{"op":"insert","new":{}}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"insert"}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[]},{"wm":"0b","part":0,"changes":[]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"09","part":0,"changes":[]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"backfill","columns":["a"],"rows":[[1,2]]}]}]}`,
+	}
+	for _, s := range bad {
+		if _, err := Decode([]byte(s)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Decode(%s) = %v; want ErrMalformed", s, err)
+		}
+	}
+}
+
+func TestValue(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want any
+	}{
+		{`null`, nil}, {`true`, int64(1)}, {`false`, int64(0)}, {`"x\u00e9"`, "xé"},
+		{`9007199254740993`, int64(9007199254740993)}, {`1.5`, 1.5}, {`1e3`, 1000.0},
+		{`{"a": [1]}`, `{"a": [1]}`}, {`[1,2]`, `[1,2]`},
+	} {
+		got, err := Value(json.RawMessage(tc.in))
+		if err != nil || got != tc.want {
+			t.Errorf("Value(%s) = %#v, %v; want %#v", tc.in, got, err, tc.want)
+		}
+	}
+	if _, err := Value(json.RawMessage(`1x`)); err == nil {
+		t.Error("Value(1x) succeeded")
+	}
+}
+
+func FuzzDecodeEvent(f *testing.F) {
+	f.Add([]byte(`{"schema":"public","table":"t","parts":[{"wm":"0a","prev":"09","part":0,"last":true,"changes":[{"op":"insert","new":{"id":1}}]}]}`))
+	f.Add([]byte(`{"parts":[{"wm":"0a","part":0,"changes":[{"op":"reset","reset":{"replicaVersion":"0a","publications":["p"],"systemID":"1","slot":"s"}}]}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Decode(data)
+		if err != nil {
+			return
+		}
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("Encode of a decoded message: %v", err)
+		}
+		if _, err := Decode(b); err != nil {
+			t.Fatalf("Decode(Encode(m)) = %v", err)
+		}
+	})
+}
+
+func TestValueOverflow(t *testing.T) {
+	big := "1e400"
+	got, err := Value(json.RawMessage(big))
+	if err != nil {
+		t.Fatalf("Value(%s) = %v", big, err)
+	}
+	if f, ok := got.(float64); !ok || f < 1e308 {
+		t.Errorf("Value(%s) = %v; want +Inf", big, got)
+	}
+}

@@ -206,13 +206,13 @@ func (m *Message) Validate() error {
 		if p.Num < 0 {
 			return fmt.Errorf("%w: part %d: negative number", ErrMalformed, i)
 		}
-		if i > 0 {
-			q := &m.Parts[i-1]
-			cont := p.Watermark == q.Watermark && p.Num == q.Num+1 && !q.Last
-			next := q.Last && p.Num == 0 && p.Watermark > q.Watermark
-			if !cont && !next {
-				return fmt.Errorf("%w: part %d (%s:%d) does not follow %s:%d", ErrMalformed, i, p.Watermark, p.Num, q.Watermark, q.Num)
-			}
+		// Several parts in one message are complete transactions; a
+		// transaction that spans messages has one part in each.
+		if len(m.Parts) > 1 && (p.Num != 0 || !p.Last) {
+			return fmt.Errorf("%w: part %d (%s:%d) is not a complete transaction in a packed message", ErrMalformed, i, p.Watermark, p.Num)
+		}
+		if i > 0 && p.Watermark <= m.Parts[i-1].Watermark {
+			return fmt.Errorf("%w: part %d (%s) does not follow %s", ErrMalformed, i, p.Watermark, m.Parts[i-1].Watermark)
 		}
 		for j := range p.Changes {
 			if err := p.Changes[j].validate(m.Table != ""); err != nil {
@@ -283,7 +283,8 @@ func MsgID(wm string, part int) string { return wm + ":" + strconv.Itoa(part) }
 
 // Value converts a client-form JSON value into what a SQLite replica stores:
 // nil, int64, float64, string, or, for a JSON object or array, its text.
-// Booleans become 0 or 1.
+// Booleans become 0 or 1. Values of json and array columns (Kind json) are
+// stored as their raw JSON text instead, so that a JSON string stays quoted.
 func Value(raw json.RawMessage) (any, error) {
 	if len(raw) == 0 {
 		return nil, nil

@@ -10,7 +10,7 @@ func TestDecode(t *testing.T) {
 	good := []string{
 		`{"schema":"public","table":"t","parts":[{"wm":"0a","prev":"09","part":0,"last":true,"changes":[{"op":"insert","new":{"id":1}}]}]}`,
 		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":3,"changes":[{"op":"delete","old":{"id":1}}]}]}`,
-		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"0b","part":0,"changes":[{"op":"truncate"}]}]}`,
+		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"0b","part":0,"last":true,"changes":[{"op":"truncate"}]}]}`,
 		`{"parts":[{"wm":"0a","part":0,"changes":[{"op":"reset","reset":{"replicaVersion":"0a","publications":["p"],"systemID":"1","slot":"s"}}]}]}`,
 	}
 	for _, s := range good {
@@ -39,6 +39,8 @@ func TestDecode(t *testing.T) {
 		`{"parts":[{"wm":"0a","part":0,"changes":[{"op":"insert","new":{}}]}]}`,
 		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"insert"}]}]}`,
 		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[]},{"wm":"0b","part":0,"changes":[]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"0b","part":0,"changes":[]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":3,"last":true,"changes":[]},{"wm":"0b","part":0,"last":true,"changes":[]}]}`,
 		`{"table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"09","part":0,"changes":[]}]}`,
 		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"backfill","columns":["a"],"rows":[[1,2]]}]}]}`,
 	}

@@ -53,6 +53,11 @@ func (s Shard) TableSubject(schema, table string) string {
 // collide with it.
 func (s Shard) TxSubject() string { return s.Prefix() + ".changes.tx" }
 
+// ResyncSubject is the core NATS request subject on which a consumer that
+// lost history asks the producer for a new initial sync. It lies outside the
+// change stream's subjects.
+func (s Shard) ResyncSubject() string { return s.Prefix() + ".control.resync" }
+
 // StateBucket is the KV bucket holding the producer's upstream identity and
 // copies of consumer watermarks.
 func (s Shard) StateBucket() string { return "jetsync_" + s.ID() + "_state" }
@@ -88,4 +93,12 @@ func SubjectToken(name string) string {
 
 func tokenByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// ResyncRequest is the body of a request on ResyncSubject.
+type ResyncRequest struct {
+	TaskID    string `json:"taskID"`
+	Consumer  string `json:"consumer"`
+	Reason    string `json:"reason"`
+	Watermark string `json:"watermark,omitempty"`
 }

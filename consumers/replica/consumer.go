@@ -1,0 +1,582 @@
+// Package replica is the consumer that keeps a SQLite replica of the change
+// stream: a durable JetStream pull consumer feeding the replica projection.
+// Each upstream transaction is applied atomically, several per SQLite
+// commit; messages are acked only after the commit, and the stream sequence
+// stored in SQLite is the truth of its progress.
+package replica
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// Defaults.
+const (
+	DefaultName = "replica"
+	// DefaultBatchSize is how many messages one pull and one SQLite commit
+	// take at most (a transaction spanning more still commits whole).
+	DefaultBatchSize = 256
+	// DefaultSubscriptionCap is how many row changes a subscriber may hold
+	// before it is told to re-read instead.
+	DefaultSubscriptionCap = 10000
+	// DefaultAckWait outlasts the longest transaction: its early messages
+	// stay unacked until its last part commits.
+	DefaultAckWait = 10 * time.Minute
+	// DefaultMaxAckPending lets a transaction span that many messages.
+	DefaultMaxAckPending = 1 << 20
+	// DefaultResyncInterval is how often a consumer waiting for a resync
+	// repeats its request.
+	DefaultResyncInterval = 30 * time.Second
+)
+
+// flushWait is how long a batch waits for more messages before it commits:
+// long enough to catch a burst already in flight, short enough to add no
+// visible latency.
+const flushWait = 2 * time.Millisecond
+
+// Config configures a Consumer.
+type Config struct {
+	// File is the SQLite replica's path.
+	File  string
+	Shard streams.Shard
+	// TaskID names this replica's owner; the durable consumer is
+	// "<TaskID>_<Name>", sanitized.
+	TaskID string
+	// Name defaults to DefaultName.
+	Name string
+	// BatchSize defaults to DefaultBatchSize.
+	BatchSize int
+	// SubscriptionCap defaults to DefaultSubscriptionCap.
+	SubscriptionCap int
+	// ResyncInterval defaults to DefaultResyncInterval.
+	ResyncInterval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer, if set, gets the consumer's metrics.
+	Registerer prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.SubscriptionCap == 0 {
+		c.SubscriptionCap = DefaultSubscriptionCap
+	}
+	if c.ResyncInterval == 0 {
+		c.ResyncInterval = DefaultResyncInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate checks c (after defaults).
+func (c Config) Validate() error {
+	if c.File == "" {
+		return errors.New("replica file is required")
+	}
+	if c.TaskID == "" {
+		return errors.New("task id is required")
+	}
+	if err := c.Shard.Validate(); err != nil {
+		return err
+	}
+	if c.BatchSize < 1 || c.SubscriptionCap < 1 || c.ResyncInterval < 0 {
+		return errors.New("batch size and subscription cap must be positive")
+	}
+	return nil
+}
+
+// DurableName is the durable consumer's name: TaskID and Name with
+// anything NATS does not allow in a name replaced by "_".
+func (c Config) DurableName() string {
+	return sanitize(c.TaskID) + "_" + sanitize(c.Name)
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// Consumer keeps a SQLite replica of the change stream.
+type Consumer struct {
+	cfg     Config
+	js      jetstream.JetStream
+	log     *slog.Logger
+	metrics *metrics
+
+	mu    sync.Mutex
+	state replica.State
+	subs  map[*Subscription]struct{}
+
+	// Owned by Run.
+	proc        *processor
+	kv          jetstream.KeyValue
+	kvRetry     time.Time
+	last        jetstream.Msg // last message handled, acked at commit
+	rebuiltFrom uint64        // reset seq the current rebuild started from
+	badReset    uint64        // a reset seq whose history has a gap
+	lastGapSeq  uint64
+	resyncAt    time.Time // when to repeat a resync request; zero = none pending
+}
+
+// New returns a Consumer; Run starts it.
+func New(cfg Config, js jetstream.JetStream) (*Consumer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		cfg:     cfg,
+		js:      js,
+		log:     cfg.Logger.With("consumer", cfg.DurableName(), "stream", cfg.Shard.ChangesStream()),
+		metrics: m,
+		subs:    map[*Subscription]struct{}{},
+	}, nil
+}
+
+// State returns where the replica stands, as of its last commit.
+func (c *Consumer) State() replica.State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state
+}
+
+func (c *Consumer) setState(st replica.State) {
+	c.mu.Lock()
+	c.state = st
+	c.mu.Unlock()
+	c.metrics.observe(st)
+}
+
+// OpenDB opens a replica file for its single writer: WAL mode, so readers
+// never block it, synchronous=NORMAL, and one connection.
+func OpenDB(file string) (*sql.DB, error) {
+	db, err := sql.Open("sqlite", "file:"+file+
+		"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=busy_timeout(30000)&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", file, err)
+	}
+	db.SetMaxOpenConns(1)
+	if err := replica.Init(context.Background(), db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open %s: %w", file, err)
+	}
+	return db, nil
+}
+
+// Run follows the change stream until ctx is done, then returns nil.
+func (c *Consumer) Run(ctx context.Context) error {
+	db, err := OpenDB(c.cfg.File)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	st, err := replica.LoadState(ctx, db)
+	if err != nil {
+		return err
+	}
+	c.proc = newProcessor(db, st)
+	c.proc.newBatch = func() *changeBatch {
+		if !c.hasSubscribers() {
+			return nil
+		}
+		return &changeBatch{cap: c.cfg.SubscriptionCap}
+	}
+	c.setState(st)
+	c.log.Info("replica consumer starting", "file", c.cfg.File, "seq", st.StreamSeq, "watermark", st.Watermark)
+
+	stream, err := c.waitStream(ctx)
+	if err != nil || stream == nil {
+		return err
+	}
+	for {
+		err := c.follow(ctx, stream)
+		var gap *GapError
+		if !errors.As(err, &gap) {
+			if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+				return nil
+			}
+			var de *DecodeError
+			if errors.As(err, &de) {
+				// Never skipped: a message nobody can read breaks every
+				// replica built from the stream.
+				c.log.Error("undecodable change message; stopping", "seq", de.Seq, "err", de.Err)
+			}
+			return err
+		}
+		c.log.Error("replica missed history; rebuilding it", "seq", gap.Seq, "reason", gap.Reason)
+		if c.rebuiltFrom != 0 && (c.proc.st.ReplicaVersion == "" || gap.Seq == c.lastGapSeq) {
+			// Rebuilding from this reset ran into a gap too.
+			c.badReset = c.rebuiltFrom
+		}
+		c.lastGapSeq = gap.Seq
+		if err := c.proc.wipe(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+		c.publish(c.proc.st, outcome{reset: true})
+	}
+}
+
+// waitStream returns the change stream once it exists, or nil when ctx
+// ends first.
+func (c *Consumer) waitStream(ctx context.Context) (jetstream.Stream, error) {
+	logged := false
+	for {
+		s, err := c.js.Stream(ctx, c.cfg.Shard.ChangesStream())
+		if err == nil {
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("stream %s: %w", c.cfg.Shard.ChangesStream(), err)
+		}
+		if !logged {
+			c.log.Info("waiting for the change stream")
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// follow consumes from where the replica stands until ctx ends or an error
+// (a *GapError asks for a rebuild).
+func (c *Consumer) follow(ctx context.Context, stream jetstream.Stream) error {
+	start, resync, err := c.start(ctx, stream)
+	if err != nil {
+		return err
+	}
+	cons, err := c.ensureConsumer(ctx, stream, start)
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.BatchSize))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", c.cfg.DurableName(), err)
+	}
+	defer it.Stop()
+	c.resyncAt = time.Time{}
+	if resync != "" {
+		c.requestResync(ctx, resync)
+	}
+	c.log.Info("following the change stream", "seq", start, "waiting_for_reset", c.proc.waiting)
+	// SQLite work is local and bounded: finish it even when ctx ends, so
+	// that a batch in hand is committed and acked.
+	sctx := context.WithoutCancel(ctx)
+	p := c.proc
+	for {
+		var wait time.Duration
+		switch {
+		case p.committable():
+			wait = flushWait
+		case p.waiting && !c.resyncAt.IsZero():
+			wait = max(time.Until(c.resyncAt), time.Millisecond)
+		}
+		msg, err := next(ctx, it, wait)
+		if err != nil {
+			if ctx.Err() != nil {
+				return c.stop(sctx)
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				if p.committable() {
+					if err := c.commit(sctx); err != nil {
+						return err
+					}
+				} else if p.waiting && !c.resyncAt.IsZero() {
+					c.requestResync(ctx, "still waiting for a new initial sync")
+				}
+				continue
+			}
+			p.rollback()
+			return fmt.Errorf("next message: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			p.rollback()
+			return fmt.Errorf("message metadata: %w", err)
+		}
+		seq := meta.Sequence.Stream
+		if seq <= p.pending.StreamSeq || seq < start {
+			// A redelivery: already applied, or in the batch in hand.
+			if p.tx == nil {
+				c.ack(msg)
+			}
+			continue
+		}
+		m, err := streams.Decode(msg.Data())
+		if err != nil {
+			p.rollback()
+			return &DecodeError{Seq: seq, Err: err}
+		}
+		if err := p.handle(sctx, seq, m); err != nil {
+			p.rollback()
+			return err
+		}
+		c.last = msg
+		if p.tx == nil {
+			// Skipped while waiting for a reset.
+			c.ack(msg)
+			continue
+		}
+		if !p.waiting {
+			c.resyncAt = time.Time{}
+		}
+		if p.committable() && p.msgs >= c.cfg.BatchSize {
+			if err := c.commit(sctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// stop ends follow on cancellation: it commits the complete transactions in
+// hand and drops a half-applied one, which will be redelivered.
+func (c *Consumer) stop(ctx context.Context) error {
+	p := c.proc
+	if p.tx == nil {
+		return nil
+	}
+	if err := p.abortOpen(ctx); err != nil {
+		p.rollback()
+		return err
+	}
+	if p.tx == nil || p.msgs == 0 || p.pending.StreamSeq == p.st.StreamSeq {
+		p.rollback()
+		return nil
+	}
+	// The last message handled may belong to the dropped transaction; ack
+	// only what is committed.
+	if p.pending.StreamSeq != lastSeq(c.last) {
+		c.last = nil
+	}
+	return c.commit(ctx)
+}
+
+func lastSeq(m jetstream.Msg) uint64 {
+	if m == nil {
+		return 0
+	}
+	meta, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return meta.Sequence.Stream
+}
+
+// next waits for a message, at most wait when it is positive.
+func next(ctx context.Context, it jetstream.MessagesContext, wait time.Duration) (jetstream.Msg, error) {
+	if wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	return it.Next(jetstream.NextContext(ctx))
+}
+
+// commit commits the batch in hand, acks it, and tells the world.
+func (c *Consumer) commit(ctx context.Context) error {
+	p := c.proc
+	o, err := p.commit(ctx, time.Now())
+	if err != nil {
+		return err
+	}
+	if c.last != nil {
+		c.ack(c.last)
+	}
+	c.metrics.txns.Add(float64(o.txns))
+	c.metrics.changes.Add(float64(o.changes))
+	c.publish(p.st, o)
+	c.publishWatermark(ctx, p.st.Watermark)
+	if o.initialSync {
+		c.log.Info("initial sync applied", "replica_version", p.st.ReplicaVersion, "seq", p.st.StreamSeq, "changes", o.changes)
+	}
+	c.log.Debug("committed", "seq", p.st.StreamSeq, "watermark", p.st.Watermark, "transactions", o.txns, "changes", o.changes)
+	return nil
+}
+
+// ack acks msg and, the policy being AckAll, everything before it. A lost
+// ack only means a harmless redelivery.
+func (c *Consumer) ack(msg jetstream.Msg) {
+	if err := msg.Ack(); err != nil {
+		c.log.Debug("ack failed", "err", err)
+	}
+}
+
+// start decides where to read from. With a replica, that is the message
+// after its last; without, the reset the producer recorded in the state
+// bucket. resync, when set, says why that reset cannot serve and a new one
+// must be asked for.
+func (c *Consumer) start(ctx context.Context, stream jetstream.Stream) (seq uint64, resync string, err error) {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, "", fmt.Errorf("stream info: %w", err)
+	}
+	first, last := info.State.FirstSeq, info.State.LastSeq
+	p := c.proc
+	if st := p.st; st.ReplicaVersion != "" {
+		next := st.StreamSeq + 1
+		switch {
+		case last < st.StreamSeq:
+			return 0, "", &GapError{next, fmt.Sprintf("the stream ends at seq %d, before the replica's %d: it was recreated", last, st.StreamSeq)}
+		case first > next:
+			return 0, "", &GapError{next, fmt.Sprintf("the stream now starts at seq %d: history was purged past the replica", first)}
+		}
+		c.rebuiltFrom = 0
+		return next, "", nil
+	}
+	p.waiting = true
+	up, err := c.upstream(ctx)
+	if err != nil {
+		return 0, "", err
+	}
+	c.rebuiltFrom = 0
+	switch {
+	case up.ResetSeq == 0:
+		return max(first, 1), "", nil
+	case up.ResetSeq == c.badReset:
+		resync = fmt.Sprintf("the history after the reset at seq %d has a gap", up.ResetSeq)
+	case up.ResetSeq < first || up.ResetSeq > last:
+		resync = fmt.Sprintf("the reset at seq %d is no longer in the stream", up.ResetSeq)
+	default:
+		c.rebuiltFrom = up.ResetSeq
+		return up.ResetSeq, "", nil
+	}
+	// The new reset will come after everything in the stream now.
+	return last + 1, resync, nil
+}
+
+// upstream reads the producer's Upstream record; a missing one is the zero
+// record.
+func (c *Consumer) upstream(ctx context.Context) (streams.Upstream, error) {
+	var up streams.Upstream
+	kv := c.bucket(ctx)
+	if kv == nil {
+		return up, nil
+	}
+	e, err := kv.Get(ctx, streams.KeyUpstream)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return up, nil
+	}
+	if err != nil {
+		return up, fmt.Errorf("read %s: %w", streams.KeyUpstream, err)
+	}
+	if err := json.Unmarshal(e.Value(), &up); err != nil {
+		return up, fmt.Errorf("read %s: %w", streams.KeyUpstream, err)
+	}
+	return up, nil
+}
+
+// bucket returns the state bucket, or nil if it does not exist (yet).
+func (c *Consumer) bucket(ctx context.Context) jetstream.KeyValue {
+	if c.kv != nil || time.Now().Before(c.kvRetry) {
+		return c.kv
+	}
+	kv, err := c.js.KeyValue(ctx, c.cfg.Shard.StateBucket())
+	if err != nil {
+		c.kvRetry = time.Now().Add(10 * time.Second)
+		c.log.Debug("no state bucket", "err", err)
+		return nil
+	}
+	c.kv = kv
+	return kv
+}
+
+// publishWatermark puts a copy of the watermark in the state bucket, for
+// monitoring and for the producer. It is best effort: the truth is in
+// SQLite.
+func (c *Consumer) publishWatermark(ctx context.Context, wm string) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	kv := c.bucket(ctx)
+	if kv == nil || wm == "" {
+		return
+	}
+	if _, err := kv.PutString(ctx, streams.KeyWatermark(sanitize(c.cfg.TaskID), sanitize(c.cfg.Name)), wm); err != nil {
+		c.log.Debug("publish watermark", "err", err)
+	}
+}
+
+// requestResync asks the producer for a new initial sync, and schedules a
+// repeat in case nobody was listening.
+func (c *Consumer) requestResync(ctx context.Context, reason string) {
+	c.resyncAt = time.Now().Add(c.cfg.ResyncInterval)
+	body, _ := json.Marshal(streams.ResyncRequest{TaskID: c.cfg.TaskID, Consumer: c.cfg.Name, Reason: reason, Watermark: c.proc.st.Watermark})
+	subj := c.cfg.Shard.ResyncSubject()
+	c.log.Warn("requesting a resync from the producer", "subject", subj, "reason", reason)
+	rctx, cancel := context.WithTimeout(ctx, min(2*time.Second, c.cfg.ResyncInterval))
+	defer cancel()
+	if _, err := c.js.Conn().RequestWithContext(rctx, subj, body); err != nil && ctx.Err() == nil {
+		c.log.Warn("resync request unanswered; will repeat", "subject", subj, "err", err, "in", c.cfg.ResyncInterval)
+	}
+}
+
+// ensureConsumer returns the durable consumer, created or recreated so
+// that it delivers from start.
+func (c *Consumer) ensureConsumer(ctx context.Context, stream jetstream.Stream, start uint64) (jetstream.Consumer, error) {
+	name := c.cfg.DurableName()
+	filter := c.cfg.Shard.ChangesFilter()
+	cons, err := stream.Consumer(ctx, name)
+	switch {
+	case err == nil:
+		info := cons.CachedInfo()
+		if info.Delivered.Stream == start-1 && info.AckFloor.Stream == start-1 &&
+			info.Config.FilterSubject == filter && info.Config.AckPolicy == jetstream.AckAllPolicy {
+			return cons, nil
+		}
+		c.log.Info("recreating the durable consumer at the replica's position", "seq", start,
+			"delivered", info.Delivered.Stream, "ack_floor", info.AckFloor.Stream)
+		if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("delete consumer %s: %w", name, err)
+		}
+	case !errors.Is(err, jetstream.ErrConsumerNotFound):
+		return nil, fmt.Errorf("consumer %s: %w", name, err)
+	}
+	cons, err = stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "jetsync SQLite replica " + c.cfg.File,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   start,
+		AckPolicy:     jetstream.AckAllPolicy,
+		AckWait:       DefaultAckWait,
+		MaxAckPending: DefaultMaxAckPending,
+		MaxDeliver:    -1,
+		FilterSubject: filter,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s: %w", name, err)
+	}
+	return cons, nil
+}

@@ -1,0 +1,312 @@
+package replica_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/nats-config/natstest"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// env is an embedded JetStream with the shard's stream and bucket, and a
+// hand-rolled producer: the tests publish what pgrepl would.
+type env struct {
+	t      testing.TB
+	ns     *server.Server
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	kv     jetstream.KeyValue
+	shard  streams.Shard
+
+	lsn     uint64
+	wm      string // last commit watermark
+	version string // replica version
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	ns := natstest.Start(t)
+	nc, js := natstest.Connect(t, ns)
+	shard := streams.Shard{App: "zero", Num: 0}
+	s, kv, err := streams.Ensure(context.Background(), js, streams.Config{Shard: shard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, ns: ns, nc: nc, js: js, stream: s, kv: kv, shard: shard, lsn: 0x1000}
+}
+
+// restart restarts the NATS server; connections reconnect.
+func (e *env) restart() {
+	e.t.Helper()
+	before := e.nc.Stats().Reconnects
+	e.ns = natstest.Restart(e.t, e.ns)
+	waitFor(e.t, "reconnect", func() bool { return e.nc.Stats().Reconnects > before && e.nc.IsConnected() })
+}
+
+func (e *env) nextWM() string {
+	e.lsn += 8
+	return streams.Lexi(e.lsn)
+}
+
+func (e *env) publish(m *streams.Message) uint64 {
+	e.t.Helper()
+	data, err := streams.Encode(m)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.publishRaw(m.Schema, m.Table, data, m.Parts)
+}
+
+func (e *env) publishRaw(schema, table string, data []byte, parts []streams.Part) uint64 {
+	e.t.Helper()
+	subj := e.shard.TxSubject()
+	if table != "" {
+		subj = e.shard.TableSubject(schema, table)
+	}
+	msg := nats.NewMsg(subj)
+	msg.Data = data
+	if len(parts) > 0 {
+		first, last := parts[0], parts[len(parts)-1]
+		msg.Header.Set(streams.HeaderMsgID, streams.MsgID(first.Watermark, first.Num))
+		msg.Header.Set(streams.HeaderWatermark, last.Watermark)
+		msg.Header.Set(streams.HeaderPart, strconv.Itoa(last.Num))
+		if last.Last {
+			msg.Header.Set(streams.HeaderCommit, last.Watermark)
+		}
+		msg.Header.Set(streams.HeaderReplicaVersion, e.version)
+	}
+	ack, err := e.js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		e.t.Fatalf("publish: %v", err)
+	}
+	return ack.Sequence
+}
+
+var issueSpec = streams.TableSpec{
+	Schema: "public", Name: "issue", PrimaryKey: []string{"id"},
+	Columns: []streams.ColumnSpec{
+		{Name: "id", Pos: 1, DataType: "text", Kind: streams.KindString, NotNull: true},
+		{Name: "title", Pos: 2, DataType: "text", Kind: streams.KindString},
+		{Name: "n", Pos: 3, DataType: "int8", Kind: streams.KindNumber},
+	},
+}
+
+var userSpec = streams.TableSpec{
+	Schema: "app", Name: "user", PrimaryKey: []string{"id"},
+	Columns: []streams.ColumnSpec{
+		{Name: "id", Pos: 1, DataType: "int4", Kind: streams.KindNumber, NotNull: true},
+		{Name: "name", Pos: 2, DataType: "text", Kind: streams.KindString},
+	},
+}
+
+func raw(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+func issue(id, title string, n int) streams.Row {
+	return streams.Row{"id": raw(id), "title": raw(title), "n": raw(n)}
+}
+
+// initialSync publishes a reset and an initial copy of issue (rows i0..)
+// and app.user (one row), records it as the upstream's, and returns the
+// reset's sequence.
+func (e *env) initialSync(rows int) uint64 {
+	e.t.Helper()
+	v := e.nextWM()
+	e.version = v
+	resetSeq := e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Prev: e.wm, Num: 0, Changes: []streams.Change{{
+		Op: streams.OpReset, Reset: &streams.Reset{ReplicaVersion: v, Publications: []string{"zero_data"}, SystemID: "1", Slot: "s"},
+	}}}}})
+	num := 1
+	part := func(schema, table string, cs ...streams.Change) {
+		e.publish(&streams.Message{Schema: schema, Table: table, Parts: []streams.Part{{Watermark: v, Num: num, Changes: cs}}})
+		num++
+	}
+	is, us := issueSpec, userSpec
+	part("public", "issue", streams.Change{Op: streams.OpCreateTable, Spec: &is})
+	for lo := 0; lo < rows; lo += 100 {
+		var rs [][]json.RawMessage
+		for i := lo; i < min(rows, lo+100); i++ {
+			rs = append(rs, []json.RawMessage{raw(fmt.Sprintf("i%d", i)), raw("title " + strconv.Itoa(i)), raw(i)})
+		}
+		part("public", "issue", streams.Change{Op: streams.OpBackfill, Columns: []string{"id", "title", "n"}, Rows: rs})
+	}
+	part("public", "issue", streams.Change{Op: streams.OpCreateIndex, Index: &streams.IndexSpec{Schema: "public", TableName: "issue", Name: "issue_title", Columns: []string{"title"}}})
+	part("app", "user", streams.Change{Op: streams.OpCreateTable, Spec: &us},
+		streams.Change{Op: streams.OpBackfill, Columns: []string{"id", "name"}, Rows: [][]json.RawMessage{{raw(1), raw("ann")}}})
+	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: num, Last: true, Changes: []streams.Change{}}}})
+	e.wm = v
+	e.putUpstream(resetSeq)
+	return resetSeq
+}
+
+func (e *env) putUpstream(resetSeq uint64) {
+	e.t.Helper()
+	b, _ := json.Marshal(streams.Upstream{SystemID: "1", Slot: "s", ReplicaVersion: e.version, Publications: []string{"zero_data"}, ResetSeq: resetSeq, Complete: true})
+	if _, err := e.kv.Put(context.Background(), streams.KeyUpstream, b); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// tx publishes a one-message transaction on issue and returns its seq.
+func (e *env) tx(cs ...streams.Change) uint64 {
+	e.t.Helper()
+	wm := e.nextWM()
+	seq := e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Last: true, Changes: cs}}})
+	e.wm = wm
+	return seq
+}
+
+// packed publishes several transactions on issue in one message.
+func (e *env) packed(txs ...[]streams.Change) uint64 {
+	e.t.Helper()
+	m := &streams.Message{Schema: "public", Table: "issue"}
+	for _, cs := range txs {
+		wm := e.nextWM()
+		m.Parts = append(m.Parts, streams.Part{Watermark: wm, Prev: e.wm, Num: 0, Last: true, Changes: cs})
+		e.wm = wm
+	}
+	return e.publish(m)
+}
+
+func ins(r streams.Row) streams.Change { return streams.Change{Op: streams.OpInsert, New: r} }
+func upd(old, r streams.Row) streams.Change {
+	return streams.Change{Op: streams.OpUpdate, Old: old, New: r}
+}
+func del(id string) streams.Change {
+	return streams.Change{Op: streams.OpDelete, Old: streams.Row{"id": raw(id)}}
+}
+
+// logBuffer collects log lines for assertions.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type running struct {
+	c    *replica.Consumer
+	file string
+	logs *logBuffer
+	done chan struct{} // closed when Run returns
+	stop func() error
+}
+
+func (e *env) config(file string) replica.Config {
+	return replica.Config{File: file, Shard: e.shard, TaskID: "task1"}
+}
+
+// start runs a consumer on file until stop or the test's end.
+func (e *env) start(cfg replica.Config) *running {
+	e.t.Helper()
+	logs := &logBuffer{}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c, err := replica.New(cfg, e.js)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var runErr error
+	go func() {
+		runErr = c.Run(ctx)
+		close(done)
+	}()
+	stop := func() error {
+		cancel()
+		<-done
+		return runErr
+	}
+	e.t.Cleanup(func() {
+		stop()
+		if e.t.Failed() || testing.Verbose() && os.Getenv("REPLICA_TEST_LOGS") != "" {
+			e.t.Logf("consumer log:\n%s", logs)
+		}
+	})
+	return &running{c: c, file: cfg.File, logs: logs, done: done, stop: stop}
+}
+
+// waitFor polls cond until it holds, failing the test after 10s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func (r *running) waitWM(t *testing.T, wm string) {
+	t.Helper()
+	waitFor(t, "watermark "+wm, func() bool { return r.c.State().Watermark == wm })
+}
+
+func tempFile(t *testing.T) string { return filepath.Join(t.TempDir(), "replica.db") }
+
+// query reads the replica file through its own read-only connection.
+func query(t *testing.T, file, q string) []string {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+file+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(q)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var out []string
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		s := make([]string, len(vals))
+		for i, v := range vals {
+			s[i] = fmt.Sprint(v)
+		}
+		out = append(out, strings.Join(s, "|"))
+	}
+	return out
+}

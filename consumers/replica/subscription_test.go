@@ -1,0 +1,118 @@
+package replica_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/streams"
+)
+
+func next(t *testing.T, s *replica.Subscription) replica.Update {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	u, err := s.Next(ctx)
+	if err != nil {
+		t.Fatalf("Next: %v", err)
+	}
+	return u
+}
+
+func TestSubscription_Next(t *testing.T) {
+	t.Run("ExactChanges", func(t *testing.T) {
+		e := newEnv(t)
+		e.initialSync(2)
+		r := e.start(e.config(tempFile(t)))
+		r.waitWM(t, e.version)
+		s := r.c.Subscribe()
+		defer s.Close()
+
+		e.tx(ins(issue("a", "A", 1)))
+		wa := e.wm
+		e.packed(
+			[]streams.Change{upd(nil, streams.Row{"id": raw("i0"), "title": raw("zero")})},
+			[]streams.Change{upd(streams.Row{"id": raw("i1")}, issue("one", "ONE", 1))},
+		)
+		w0, w1 := streams.Lexi(e.lsn-8), e.wm
+		e.tx(del("a"))
+		r.waitWM(t, e.wm)
+		u := next(t, s)
+		v := e.version
+		want := replica.Update{From: e.version, To: e.wm, Changes: []replica.RowChange{
+			{Table: "issue", Key: m("id", "a"), New: m("id", "a", "title", "A", "n", int64(1), "_0_version", wa)},
+			{Table: "issue", Key: m("id", "i0"),
+				Old: m("id", "i0", "title", "title 0", "n", int64(0), "_0_version", v),
+				New: m("id", "i0", "title", "zero", "n", int64(0), "_0_version", w0)},
+			{Table: "issue", Key: m("id", "i1"), Old: m("id", "i1", "title", "title 1", "n", int64(1), "_0_version", v)},
+			{Table: "issue", Key: m("id", "one"), New: m("id", "one", "title", "ONE", "n", int64(1), "_0_version", w1)},
+			{Table: "issue", Key: m("id", "a"), Old: m("id", "a", "title", "A", "n", int64(1), "_0_version", wa)},
+		}}
+		if diff := cmp.Diff(want, u); diff != "" {
+			t.Errorf("Next (-want +got):\n%s", diff)
+		}
+
+		// Nothing new: Next blocks.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		if u, err := s.Next(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Next with nothing new = %+v, %v; want a timeout", u, err)
+		}
+		// A truncate is table-wide.
+		from := e.wm
+		e.tx(streams.Change{Op: streams.OpTruncate})
+		if u := next(t, s); !u.Reset || u.From != from || u.To != e.wm || len(u.Changes) != 0 {
+			t.Errorf("Next after truncate = %+v; want a reset from %s to %s", u, from, e.wm)
+		}
+	})
+
+	t.Run("CapCollapsesToReset", func(t *testing.T) {
+		e := newEnv(t)
+		e.initialSync(0)
+		cfg := e.config(tempFile(t))
+		cfg.SubscriptionCap = 3
+		r := e.start(cfg)
+		r.waitWM(t, e.version)
+		s := r.c.Subscribe()
+		e.tx(ins(issue("a", "A", 1)), ins(issue("b", "B", 2)))
+		r.waitWM(t, e.wm)
+		e.tx(ins(issue("c", "C", 3)), ins(issue("d", "D", 4)))
+		r.waitWM(t, e.wm)
+		u := next(t, s)
+		if !u.Reset || u.From != e.version || u.To != e.wm || len(u.Changes) != 0 {
+			t.Errorf("Next past the cap = %+v; want a reset from %s to %s", u, e.version, e.wm)
+		}
+		// Below the cap again, changes are listed.
+		e.tx(del("a"))
+		if u := next(t, s); u.Reset || len(u.Changes) != 1 {
+			t.Errorf("Next = %+v; want one change", u)
+		}
+		s.Close()
+		if _, err := s.Next(context.Background()); !errors.Is(err, replica.ErrClosed) {
+			t.Errorf("Next after Close = %v; want ErrClosed", err)
+		}
+	})
+
+	t.Run("InitialSyncIsReset", func(t *testing.T) {
+		e := newEnv(t)
+		r := e.start(e.config(tempFile(t)))
+		s := r.c.Subscribe()
+		e.initialSync(3)
+		r.waitWM(t, e.version)
+		if u := next(t, s); !u.Reset || u.To != e.version {
+			t.Errorf("Next after initial sync = %+v; want a reset to %s", u, e.version)
+		}
+	})
+}
+
+func m(kv ...any) map[string]any {
+	out := map[string]any{}
+	for i := 0; i < len(kv); i += 2 {
+		out[kv[i].(string)] = kv[i+1]
+	}
+	return out
+}

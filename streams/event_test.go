@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -96,5 +97,21 @@ func TestValueOverflow(t *testing.T) {
 	}
 	if f, ok := got.(float64); !ok || f < 1e308 {
 		t.Errorf("Value(%s) = %v; want +Inf", big, got)
+	}
+}
+
+func TestEncodeKeepsHTML(t *testing.T) {
+	m := &Message{Schema: "public", Table: "t", Parts: []Part{{Watermark: "0a", Last: true, Changes: []Change{
+		{Op: OpInsert, New: Row{"body": json.RawMessage(`"<b>&</b>"`)}},
+	}}}}
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"body":"<b>&</b>"`; !bytes.Contains(b, []byte(want)) {
+		t.Errorf("Encode = %s; want it to contain %s", b, want)
+	}
+	if b[len(b)-1] == '\n' {
+		t.Error("Encode left a trailing newline")
 	}
 }

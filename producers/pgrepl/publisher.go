@@ -1,0 +1,236 @@
+package pgrepl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/streams"
+)
+
+const (
+	// stallWait is how long a publish waits for room under the pending
+	// bound: long, because a slow server should slow us, not fail us.
+	stallWait = 2 * time.Minute
+	// ackTimeout bounds the wait for one PubAck.
+	ackTimeout = 10 * time.Second
+)
+
+// ErrDuplicate reports a PubAck for a message the stream already held: the
+// producer's idea of the stream tail was wrong.
+var ErrDuplicate = errors.New("duplicate publish")
+
+// tail is what the change stream holds, as a session finds it.
+type tail struct {
+	lastSeq        uint64 // the stream's last sequence, deleted or not
+	empty          bool   // no message at all
+	replicaVersion string
+	// wm is the watermark of the last message's last part; complete says
+	// whether that part ends its transaction. If not, parts 0..part of
+	// transaction wm are in the stream and the rest must follow.
+	wm       string
+	part     int
+	complete bool
+}
+
+// readTail reads the change stream's last message headers.
+func readTail(ctx context.Context, s jetstream.Stream, shard streams.Shard) (tail, error) {
+	var t tail
+	info, err := s.Info(ctx)
+	if err != nil {
+		return t, fmt.Errorf("stream info: %w", err)
+	}
+	t.lastSeq = info.State.LastSeq
+	if info.State.Msgs == 0 {
+		t.empty = true
+		return t, nil
+	}
+	m, err := s.GetLastMsgForSubject(ctx, shard.ChangesFilter())
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.empty = true
+		return t, nil
+	}
+	if err != nil {
+		return t, fmt.Errorf("read stream tail: %w", err)
+	}
+	t.replicaVersion = m.Header.Get(streams.HeaderReplicaVersion)
+	t.wm = m.Header.Get(streams.HeaderWatermark)
+	if t.part, err = strconv.Atoi(m.Header.Get(streams.HeaderPart)); err != nil {
+		return t, fmt.Errorf("stream tail seq %d: bad %s header: %w", m.Sequence, streams.HeaderPart, err)
+	}
+	if _, err := streams.ParseLexi(t.wm); err != nil {
+		return t, fmt.Errorf("stream tail seq %d: %w", m.Sequence, err)
+	}
+	t.complete = m.Header.Get(streams.HeaderCommit) != ""
+	return t, nil
+}
+
+// publisher publishes change messages in order, predicting each one's
+// stream sequence, and tracks their PubAcks.
+type publisher struct {
+	js             jetstream.JetStream
+	replicaVersion string
+	next           uint64 // the sequence the next message gets
+	pending        []pendingMsg
+	head           int
+	// confirmed is the end LSN of the last transaction whose messages are
+	// all acked, and everything before it.
+	confirmed pglogrepl.LSN
+	lastSeq   uint64 // of the last acked message
+	onAck     func(m *outMsg, seq uint64)
+}
+
+type pendingMsg struct {
+	fut jetstream.PubAckFuture // nil for a confirm-only entry
+	seq uint64
+	m   *outMsg
+}
+
+// newJetStream returns a JetStream context like js, for publishing with a
+// small pending bound.
+func newJetStream(js jetstream.JetStream, maxPending int) (jetstream.JetStream, error) {
+	o := js.Options()
+	opts := []jetstream.JetStreamOpt{
+		jetstream.WithPublishAsyncMaxPending(maxPending),
+		jetstream.WithPublishAsyncTimeout(ackTimeout),
+	}
+	switch {
+	case o.Domain != "":
+		return jetstream.NewWithDomain(js.Conn(), o.Domain, opts...)
+	case o.APIPrefix != "":
+		return jetstream.NewWithAPIPrefix(js.Conn(), o.APIPrefix, opts...)
+	default:
+		return jetstream.New(js.Conn(), opts...)
+	}
+}
+
+// publish sends m. A message with no parts is only a confirm.
+func (p *publisher) publish(m *outMsg) error {
+	if len(m.msg.Parts) == 0 {
+		p.pending = append(p.pending, pendingMsg{m: m})
+		return nil
+	}
+	data, err := streams.Encode(&m.msg)
+	if err != nil {
+		return err
+	}
+	first, last := m.first(), m.last()
+	msg := &nats.Msg{Subject: m.subject, Data: data, Header: nats.Header{}}
+	msg.Header.Set(streams.HeaderWatermark, last.Watermark)
+	msg.Header.Set(streams.HeaderPart, strconv.Itoa(last.Num))
+	if last.Last {
+		msg.Header.Set(streams.HeaderCommit, last.Watermark)
+	}
+	msg.Header.Set(streams.HeaderReplicaVersion, p.replicaVersion)
+	fut, err := p.js.PublishMsgAsync(msg,
+		jetstream.WithMsgID(streams.MsgID(first.Watermark, first.Num)),
+		jetstream.WithExpectLastSequence(p.next-1),
+		jetstream.WithStallWait(stallWait))
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", m.subject, err)
+	}
+	p.pending = append(p.pending, pendingMsg{fut: fut, seq: p.next, m: m})
+	p.next++
+	return nil
+}
+
+// idle reports whether every message published has been acked.
+func (p *publisher) idle() bool { return p.head == len(p.pending) }
+
+// ackChans returns the channels of the oldest unacked message, or nils.
+func (p *publisher) ackChans() (<-chan *jetstream.PubAck, <-chan error) {
+	p.settle()
+	if p.idle() {
+		return nil, nil
+	}
+	f := p.pending[p.head].fut
+	return f.Ok(), f.Err()
+}
+
+// acked records the PubAck of the oldest unacked message.
+func (p *publisher) acked(ack *jetstream.PubAck) error {
+	e := p.pending[p.head]
+	if ack.Duplicate {
+		return fmt.Errorf("%w: seq %d (%s)", ErrDuplicate, ack.Sequence, e.m.subject)
+	}
+	if ack.Sequence != e.seq {
+		return fmt.Errorf("publish %s: acked as seq %d, expected %d", e.m.subject, ack.Sequence, e.seq)
+	}
+	p.pop()
+	p.lastSeq = ack.Sequence
+	if p.onAck != nil {
+		p.onAck(e.m, ack.Sequence)
+	}
+	p.settle()
+	return nil
+}
+
+func (p *publisher) pop() {
+	e := p.pending[p.head]
+	p.pending[p.head] = pendingMsg{}
+	p.head++
+	if e.m.confirm != 0 {
+		p.confirmed = max(p.confirmed, e.m.confirm)
+	}
+	if p.head == len(p.pending) {
+		p.pending, p.head = p.pending[:0], 0
+	}
+}
+
+// settle pops confirm-only entries at the head.
+func (p *publisher) settle() {
+	for !p.idle() && p.pending[p.head].fut == nil {
+		p.pop()
+	}
+}
+
+// wait blocks until every message published so far is acked.
+func (p *publisher) wait(ctx context.Context) error {
+	for {
+		ok, errc := p.ackChans()
+		if ok == nil {
+			return nil
+		}
+		select {
+		case ack := <-ok:
+			if err := p.acked(ack); err != nil {
+				return err
+			}
+		case err := <-errc:
+			return p.failed(err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// poll records the PubAcks that have arrived, without waiting.
+func (p *publisher) poll() error {
+	for {
+		ok, errc := p.ackChans()
+		if ok == nil {
+			return nil
+		}
+		select {
+		case ack := <-ok:
+			if err := p.acked(ack); err != nil {
+				return err
+			}
+		case err := <-errc:
+			return p.failed(err)
+		default:
+			return nil
+		}
+	}
+}
+
+func (p *publisher) failed(err error) error {
+	e := p.pending[p.head]
+	return fmt.Errorf("publish %s seq %d: %w", e.m.subject, e.seq, err)
+}

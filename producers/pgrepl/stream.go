@@ -1,0 +1,234 @@
+package pgrepl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"golang.org/x/sync/errgroup"
+)
+
+var errReaderDone = errors.New("replication reader stopped")
+
+// stream runs logical replication from pos until an error: a reader
+// goroutine decodes pgoutput into a bounded queue, and this goroutine packs
+// and publishes it and confirms what JetStream has acked.
+func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgConn, up upstream,
+	pos position, pub *publisher, rs *runState,
+) error {
+	err := pglogrepl.StartReplication(ctx, replConn, pos.slot, pos.startLSN, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{
+			"proto_version '1'",
+			"publication_names " + publicationNames(up.publications),
+			"messages 'true'",
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("start replication on %s at %s: %w", pos.slot, pos.startLSN, err)
+	}
+	log := s.log.With("slot", pos.slot, "replicaVersion", pos.replicaVersion)
+	log.Info("streaming", "lsn", pos.startLSN, "seq", pub.lastSeq)
+	rs.streamed = true
+
+	st := &status{conn: replConn}
+	events := make(chan event, queueLen)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, rctx := errgroup.WithContext(rctx)
+	dec := newDecoder(s.cfg.Shard, s.reg, conn, log)
+	g.Go(func() error {
+		defer close(events)
+		return s.read(rctx, replConn, dec, events, st)
+	})
+	err = s.publishLoop(rctx, events, pub, st, pos, rs)
+	cancel()
+	if rerr := g.Wait(); errors.Is(err, errReaderDone) || err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// read receives the replication stream until an error.
+func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, events chan<- event, st *status) error {
+	emit := func(ev event) error {
+		select {
+		case events <- ev:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for {
+		msg, err := conn.ReceiveMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("receive replication: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				if ka.ReplyRequested {
+					if err := st.send(); err != nil {
+						return err
+					}
+				}
+				// Only an idle publisher uses keepalives; a busy one has no
+				// room for them and needs none.
+				select {
+				case events <- event{kind: evKeepalive, end: ka.ServerWALEnd}:
+				default:
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse xlogdata: %w", err)
+				}
+				m, err := pglogrepl.Parse(xld.WALData)
+				if err != nil {
+					return fmt.Errorf("parse pgoutput at %s: %w", xld.WALStart, err)
+				}
+				if err := dec.decode(ctx, m, emit); err != nil {
+					return err
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.CopyDone:
+			return errors.New("upstream ended replication")
+		}
+	}
+}
+
+// publishLoop packs, publishes and confirms.
+func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publisher, st *status, pos position, rs *runState) error {
+	pk := &packer{shard: s.cfg.Shard, prev: pos.prev}
+	ticker := time.NewTicker(statusInterval)
+	defer ticker.Stop()
+	var inTx, skip bool
+	for {
+		okc, errc := pub.ackChans()
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return errReaderDone
+			}
+			switch ev.kind {
+			case evBegin:
+				inTx = true
+				skip = ev.wm < pos.resumeWM || ev.wm == pos.resumeWM && !pos.partial()
+				if !skip && pos.partial() && ev.wm > pos.resumeWM {
+					return fmt.Errorf("transaction %s is partly in the stream, but replication went on to %s", pos.resumeWM, ev.wm)
+				}
+				if !skip {
+					pk.begin(ev.wm)
+				}
+			case evChange:
+				if !skip {
+					pk.add(ev.table, ev.change, ev.size)
+				}
+			case evCommit:
+				inTx = false
+				if skip {
+					// Already in the stream: confirm it in turn.
+					pk.begin(ev.wm)
+					pk.commit(ev.ms, ev.end)
+					break
+				}
+				pk.commit(ev.ms, ev.end)
+				if ev.wm == pos.resumeWM {
+					pos.resumePart = allParts
+				}
+			case evKeepalive:
+				if !inTx && !pos.partial() && pub.idle() && len(pk.done) == 0 && ev.end > pub.confirmed {
+					// Nothing of ours before the server's WAL end is
+					// unconfirmed: let the slot move on.
+					pub.confirmed = ev.end
+					if err := st.set(pub.confirmed, s.m); err != nil {
+						return err
+					}
+				}
+			}
+			if len(events) == 0 {
+				pk.flush()
+			}
+			for _, m := range pk.take() {
+				if pos.partial() && len(m.msg.Parts) > 0 && m.first().Watermark == pos.resumeWM && m.last().Num <= pos.resumePart {
+					m = &outMsg{confirm: m.confirm} // already in the stream
+				}
+				if err := pub.publish(m); err != nil {
+					return err
+				}
+			}
+		case ack := <-okc:
+			if err := pub.acked(ack); err != nil {
+				return err
+			}
+			if pub.confirmed != pglogrepl.LSN(st.pos.Load()) {
+				if pub.idle() {
+					// Caught up: tell the server now rather than at the
+					// next tick, so the slot releases WAL promptly.
+					if err := st.set(pub.confirmed, s.m); err != nil {
+						return err
+					}
+				} else {
+					st.pos.Store(uint64(pub.confirmed))
+					s.m.confirmed.Set(float64(pub.confirmed))
+				}
+			}
+		case err := <-errc:
+			return pub.failed(err)
+		case <-ticker.C:
+			if err := st.set(pub.confirmed, s.m); err != nil {
+				return err
+			}
+		case m := <-rs.resync:
+			rs.waiting = append(rs.waiting, m)
+			return errResync
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// status sends standby status updates. The reader answers keepalives with
+// it, so both goroutines write: sends are serialized.
+type status struct {
+	mu   sync.Mutex
+	conn *pgconn.PgConn
+	pos  atomic.Uint64 // the confirmed LSN
+}
+
+// set records the confirmed LSN and sends it.
+func (st *status) set(lsn pglogrepl.LSN, m *metrics) error {
+	st.pos.Store(uint64(lsn))
+	m.confirmed.Set(float64(lsn))
+	return st.send()
+}
+
+func (st *status) send() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	lsn := pglogrepl.LSN(st.pos.Load())
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	return nil
+}

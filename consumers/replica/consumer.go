@@ -45,8 +45,9 @@ const (
 
 // flushWait is how long a batch waits for more messages before it commits:
 // long enough to catch a burst already in flight, short enough to add no
-// visible latency.
-const flushWait = 2 * time.Millisecond
+// visible latency (at 2 ms, commit → applied p50 was 20 ms at 1,000 txn/s;
+// at 200 µs, 3 ms).
+const flushWait = 200 * time.Microsecond
 
 // Config configures a Consumer.
 type Config struct {
@@ -249,6 +250,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 // ends first.
 func (c *Consumer) waitStream(ctx context.Context) (jetstream.Stream, error) {
 	logged := false
+	// Poll briskly at first: in one process the producer creates the stream
+	// a moment after this starts, and start-to-ready time counts.
+	wait := 10 * time.Millisecond
 	for {
 		s, err := c.js.Stream(ctx, c.cfg.Shard.ChangesStream())
 		if err == nil {
@@ -267,8 +271,9 @@ func (c *Consumer) waitStream(ctx context.Context) (jetstream.Stream, error) {
 		select {
 		case <-ctx.Done():
 			return nil, nil
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, time.Second)
 	}
 }
 

@@ -1,0 +1,457 @@
+// Command spine measures the spine — Postgres → JetStream → SQLite replica —
+// on the benchmark dataset in ../shared/bench, in one process, as `jetsync
+// run` wires it:
+//
+//   - start → stream-complete and start → replica-ready after seeding
+//     (zero-cache 1.9.0: 4,225 ms to ready);
+//   - the single-row transactions per second carried end to end, beside what
+//     Postgres alone commits under the same load (zero-cache: about 2,000/s);
+//   - commit → replica-applied latency at a fixed rate, p50 and p99.
+//
+// Usage: go run ./bench/spine [-issues 100000] [-shared ../shared/bench]
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+	_ "modernc.org/sqlite"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	natsconfig "github.com/jetsync/jetsync/nats-config"
+	"github.com/jetsync/jetsync/producers/pglocal"
+	"github.com/jetsync/jetsync/producers/pgrepl"
+	"github.com/jetsync/jetsync/streams"
+)
+
+type options struct {
+	issues   int
+	shared   string
+	duration time.Duration
+	clients  int
+	rate     int
+	latN     int
+	pgFsync  bool
+	keep     bool
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.issues, "issues", 100000, "seed.sh ISSUES (100000 gives 451,020 rows)")
+	flag.StringVar(&o.shared, "shared", "../shared/bench", "folder holding seed.sh and schema.sql")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "how long the throughput load runs")
+	flag.IntVar(&o.clients, "clients", 16, "concurrent Postgres clients for the throughput load")
+	flag.IntVar(&o.rate, "rate", 1000, "transactions per second for the latency run")
+	flag.IntVar(&o.latN, "latency-n", 5000, "transactions in the latency run")
+	flag.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark Postgres with fsync on")
+	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directories")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "spine:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	root, err := os.MkdirTemp("", "jetsync-bench-")
+	if err != nil {
+		return err
+	}
+	if !o.keep {
+		defer os.RemoveAll(root)
+	}
+	pg, err := pglocal.Start(ctx, pglocal.Config{Dir: filepath.Join(root, "pg"), FsyncOff: !o.pgFsync, Logger: log})
+	if err != nil {
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	defer pg.Kill(context.Background())
+	if err := pg.CreateDatabase(ctx, "zpeer"); err != nil {
+		return err
+	}
+	url := pg.URL("zpeer")
+
+	seedStart := time.Now()
+	seed := exec.CommandContext(ctx, filepath.Join(o.shared, "seed.sh"), fmt.Sprint(o.issues))
+	seed.Env = append(os.Environ(), fmt.Sprintf("PSQL=/usr/lib/postgresql/15/bin/psql %s -v ON_ERROR_STOP=1 -q", url))
+	if out, err := seed.CombinedOutput(); err != nil {
+		return fmt.Errorf("seed: %w\n%s", err, out)
+	} else {
+		fmt.Printf("seeded in %v: %s", time.Since(seedStart).Round(time.Millisecond), lastLine(out))
+	}
+
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ids, err := issueIDs(ctx, pool)
+	if err != nil {
+		return err
+	}
+
+	// Postgres alone, before any slot exists: the ceiling for the end-to-end figure.
+	pgRate, err := load(ctx, pool, ids, o.clients, o.duration/2)
+	if err != nil {
+		return err
+	}
+
+	// Start the spine, as `jetsync run` does.
+	t0 := time.Now()
+	ns, err := natsconfig.Start(natsconfig.Config{StoreDir: filepath.Join(root, "nats"), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer ns.Shutdown()
+	nc, err := natsconfig.Connect(ns)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	shard := streams.Shard{App: "zero", Num: 0}
+	src, err := pgrepl.New(pgrepl.Config{UpstreamURL: url, Shard: shard, Publications: []string{"zpeer_pub"}, Logger: log}, js)
+	if err != nil {
+		return err
+	}
+	rep, err := replica.New(replica.Config{File: filepath.Join(root, "replica.db"), Shard: shard, TaskID: "bench", Logger: log}, js)
+	if err != nil {
+		return err
+	}
+	sub := rep.Subscribe()
+	defer sub.Close()
+	g, gctx := errgroup.WithContext(ctx)
+	runCtx, stop := context.WithCancel(gctx)
+	g.Go(func() error { return src.Run(runCtx) })
+	g.Go(func() error { return rep.Run(runCtx) })
+	defer func() { stop(); _ = g.Wait() }()
+
+	kv, err := js.KeyValue(ctx, shard.StateBucket())
+	for err != nil {
+		if time.Since(t0) > time.Minute {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+		kv, err = js.KeyValue(ctx, shard.StateBucket())
+	}
+	var up streams.Upstream
+	tStream, err := poll(runCtx, t0, time.Minute, func() (bool, error) {
+		e, err := kv.Get(runCtx, streams.KeyUpstream)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return false, nil
+		} else if err != nil {
+			return false, err
+		}
+		if err := json.Unmarshal(e.Value(), &up); err != nil {
+			return false, err
+		}
+		return up.Complete, nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for stream-complete: %w", err)
+	}
+	tReady, err := poll(runCtx, t0, time.Minute, func() (bool, error) {
+		st := rep.State()
+		return st.ReplicaVersion == up.ReplicaVersion && st.Watermark >= up.ReplicaVersion, nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for replica-ready: %w", err)
+	}
+	rows, err := countRows(filepath.Join(root, "replica.db"))
+	if err != nil {
+		return err
+	}
+
+	// Throughput: the same load, now carried into the replica.
+	drainUpdates(sub)
+	loadStart := time.Now()
+	e2eCommits, err := loadCount(ctx, pool, ids, o.clients, o.duration)
+	if err != nil {
+		return err
+	}
+	committedIn := time.Since(loadStart)
+	marker := fmt.Sprintf("marker-%d", time.Now().UnixNano())
+	if _, err := pool.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, marker, ids[0]); err != nil {
+		return err
+	}
+	if err := waitTitle(runCtx, sub, marker, 5*time.Minute); err != nil {
+		return fmt.Errorf("wait for the replica to catch up: %w", err)
+	}
+	caughtUpIn := time.Since(loadStart)
+	e2eRate := float64(e2eCommits) / caughtUpIn.Seconds()
+	pgDuringRate := float64(e2eCommits) / committedIn.Seconds()
+
+	// Latency at a fixed rate.
+	lat, err := latency(runCtx, pool, sub, nc, shard, ids, o.rate, o.latN)
+	if err != nil {
+		return err
+	}
+
+	fmt.Println()
+	fmt.Println("| measure | jetsync | aim | zero-cache 1.9.0 |")
+	fmt.Println("|---|---|---|---|")
+	fmt.Printf("| start → stream-complete (%d rows) | %d ms | | |\n", rows, tStream.Milliseconds())
+	fmt.Printf("| start → replica-ready | %d ms | ≤ 2,100 ms | 4,225 ms |\n", tReady.Milliseconds())
+	fmt.Printf("| single-row txn/s carried into the replica (%d clients, %v) | %.0f/s | ≥ 10,000/s or Postgres's own | ~2,000/s |\n", o.clients, o.duration, e2eRate)
+	fmt.Printf("| Postgres alone, same load / while streaming | %.0f/s / %.0f/s | | |\n", pgRate, pgDuringRate)
+	fmt.Printf("| commit → in the stream at %d txn/s, p50 / p99 | %.2f / %.2f ms | | |\n", o.rate, ms(lat.streamP50), ms(lat.streamP99))
+	fmt.Printf("| commit → replica-applied at %d txn/s, p50 / p99 | %.2f / %.2f ms | | zero-cache commit → client: 5.8 / 15.3 ms |\n", o.rate, ms(lat.replicaP50), ms(lat.replicaP99))
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1] + "\n"
+}
+
+// poll calls f until it reports done, and returns the time since t0.
+func poll(ctx context.Context, t0 time.Time, limit time.Duration, f func() (bool, error)) (time.Duration, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		ok, err := f()
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			return time.Since(t0), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, errors.New("timed out")
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+func issueIDs(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	rows, err := pool.Query(ctx, `SELECT id FROM issue ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// load runs single-row UPDATE transactions from n clients for d and returns
+// commits per second.
+func load(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, d time.Duration) (float64, error) {
+	start := time.Now()
+	c, err := loadCount(ctx, pool, ids, n, d)
+	return float64(c) / time.Since(start).Seconds(), err
+}
+
+func loadCount(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, d time.Duration) (int64, error) {
+	var count atomic.Int64
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(i), 7))
+			for ctx.Err() == nil {
+				id := ids[r.IntN(len(ids))]
+				if _, err := pool.Exec(ctx, `UPDATE issue SET modified = modified + 1 WHERE id = $1`, id); err != nil {
+					if ctx.Err() == nil {
+						errs <- err
+					}
+					return
+				}
+				count.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return count.Load(), <-errs
+}
+
+func drainUpdates(sub *replica.Subscription) {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		_, err := sub.Next(ctx)
+		cancel()
+		if err != nil {
+			return
+		}
+	}
+}
+
+func waitTitle(ctx context.Context, sub *replica.Subscription, title string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		u, err := sub.Next(ctx)
+		if err != nil {
+			return err
+		}
+		for _, c := range u.Changes {
+			if c.New != nil && c.New["title"] == title {
+				return nil
+			}
+		}
+	}
+}
+
+type latencies struct {
+	streamP50, streamP99, replicaP50, replicaP99 time.Duration
+}
+
+// latency runs n single-row updates at rate per second, and times each from
+// its commit returning to the client until the stream carries it (a core
+// NATS subscription on the change subjects) and until the replica applied it
+// (the changed-rows subscription).
+func latency(ctx context.Context, pool *pgxpool.Pool, sub *replica.Subscription, nc *nats.Conn, shard streams.Shard, ids []string, rate, n int) (latencies, error) {
+	drainUpdates(sub)
+	committed := make([]atomic.Int64, n)
+	applied := make([]int64, n)
+	streamed := make([]atomic.Int64, n)
+	prefix := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
+	index := func(title string) int {
+		k, ok := strings.CutPrefix(title, prefix)
+		if !ok {
+			return -1
+		}
+		var i int
+		if _, err := fmt.Sscan(k, &i); err != nil || i < 0 || i >= n {
+			return -1
+		}
+		return i
+	}
+	ns, err := nc.Subscribe(shard.ChangesFilter(), func(msg *nats.Msg) {
+		now := time.Now().UnixNano()
+		m, err := streams.Decode(msg.Data)
+		if err != nil {
+			return
+		}
+		for _, p := range m.Parts {
+			for _, c := range p.Changes {
+				var t string
+				if json.Unmarshal(c.New["title"], &t) == nil {
+					if i := index(t); i >= 0 {
+						streamed[i].CompareAndSwap(0, now)
+					}
+				}
+			}
+		}
+	})
+	if err != nil {
+		return latencies{}, err
+	}
+	defer ns.Unsubscribe()
+	done := make(chan error, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, time.Minute+time.Duration(n/rate)*time.Second)
+		defer cancel()
+		for seen := 0; seen < n; {
+			u, err := sub.Next(rctx)
+			if err != nil {
+				done <- err
+				return
+			}
+			now := time.Now().UnixNano()
+			for _, c := range u.Changes {
+				t, _ := c.New["title"].(string)
+				if i := index(t); i >= 0 && applied[i] == 0 {
+					applied[i] = now
+					seen++
+				}
+			}
+		}
+		done <- nil
+	}()
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i := range n {
+		<-tick.C
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if _, err := pool.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, fmt.Sprint(prefix, i), ids[i%len(ids)]); err == nil {
+				committed[i].Store(time.Now().UnixNano())
+			}
+		})
+	}
+	wg.Wait()
+	if err := <-done; err != nil {
+		return latencies{}, err
+	}
+	var toStream, toReplica []time.Duration
+	for i := range n {
+		c := committed[i].Load()
+		if c == 0 {
+			continue
+		}
+		toReplica = append(toReplica, max(0, time.Duration(applied[i]-c)))
+		if s := streamed[i].Load(); s != 0 {
+			toStream = append(toStream, max(0, time.Duration(s-c)))
+		}
+	}
+	var l latencies
+	l.streamP50, l.streamP99 = percentiles(toStream)
+	l.replicaP50, l.replicaP99 = percentiles(toReplica)
+	return l, nil
+}
+
+func percentiles(d []time.Duration) (p50, p99 time.Duration) {
+	if len(d) == 0 {
+		return 0, 0
+	}
+	slices.Sort(d)
+	return d[len(d)/2], d[len(d)*99/100]
+}
+
+func countRows(file string) (int64, error) {
+	db, err := sql.Open("sqlite", "file:"+file+"?mode=ro")
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var total int64
+	for _, t := range []string{"user", "issue", "comment", "label", "issue_label"} {
+		var n int64
+		if err := db.QueryRow(`SELECT count(*) FROM "` + t + `"`).Scan(&n); err != nil {
+			return 0, fmt.Errorf("count %s: %w", t, err)
+		}
+		total += n
+	}
+	return total, nil
+}

@@ -1,0 +1,134 @@
+package zql
+
+// cond is a compiled condition, evaluated on one row within a hydration
+// (EXISTS looks up children through it).
+type cond interface {
+	eval(h *hydration, r *row) (bool, error)
+}
+
+type andCond []cond
+
+func (c andCond) eval(h *hydration, r *row) (bool, error) {
+	for _, s := range c {
+		ok, err := s.eval(h, r)
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// orCond with no members is FALSE (query-ast.md §3.1).
+type orCond []cond
+
+func (c orCond) eval(h *hydration, r *row) (bool, error) {
+	for _, s := range c {
+		ok, err := s.eval(h, r)
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
+}
+
+type constCond bool
+
+func (c constCond) eval(*hydration, *row) (bool, error) { return bool(c), nil }
+
+// simpleCond compares a column (col >= 0) or a literal left with a literal.
+type simpleCond struct {
+	col  int
+	left any
+	op   string
+	lit  any
+	set  []any
+	like *likePattern
+}
+
+// simple compiles a simple condition. A literal on the left makes it a
+// constant.
+func simple(t *table, w *Condition) (cond, error) {
+	s := &simpleCond{col: -1, op: w.Op, lit: w.Right.Value}
+	if w.Left.Type == "column" {
+		i, err := t.col(w.Left.Name)
+		if err != nil {
+			return nil, err
+		}
+		s.col = i
+	} else {
+		s.left = w.Left.Value
+	}
+	switch w.Op {
+	case "IN", "NOT IN":
+		s.set, _ = w.Right.Value.([]any)
+	case "LIKE", "NOT LIKE", "ILIKE", "NOT ILIKE":
+		if p, ok := w.Right.Value.(string); ok {
+			lp, err := compileLike(p, w.Op == "ILIKE" || w.Op == "NOT ILIKE")
+			if err != nil {
+				return nil, invalid("%s: %v", t.name, err)
+			}
+			s.like = lp
+		}
+	}
+	if s.col < 0 {
+		return constCond(s.test(s.left)), nil
+	}
+	return s, nil
+}
+
+func (s *simpleCond) eval(_ *hydration, r *row) (bool, error) {
+	return s.test(r.vals[s.col]), nil
+}
+
+// test applies the operator to v. Except for IS and IS NOT, a null on
+// either side makes the condition false.
+func (s *simpleCond) test(v any) bool {
+	switch s.op {
+	case "IS":
+		if v == nil || s.lit == nil {
+			return v == nil && s.lit == nil
+		}
+		return valuesEqual(v, s.lit)
+	case "IS NOT":
+		if v == nil || s.lit == nil {
+			return (v == nil) != (s.lit == nil)
+		}
+		return !valuesEqual(v, s.lit)
+	}
+	if v == nil {
+		return false
+	}
+	switch s.op {
+	case "IN", "NOT IN":
+		in := false
+		for _, e := range s.set {
+			if valuesEqual(v, e) {
+				in = true
+				break
+			}
+		}
+		return in == (s.op == "IN")
+	}
+	if s.lit == nil {
+		return false
+	}
+	switch s.op {
+	case "=":
+		return valuesEqual(v, s.lit)
+	case "!=":
+		return !valuesEqual(v, s.lit)
+	case "<":
+		return compareValues(v, s.lit) < 0
+	case "<=":
+		return compareValues(v, s.lit) <= 0
+	case ">":
+		return compareValues(v, s.lit) > 0
+	case ">=":
+		return compareValues(v, s.lit) >= 0
+	case "LIKE", "ILIKE":
+		return s.like != nil && s.like.match(likeText(v))
+	case "NOT LIKE", "NOT ILIKE":
+		return s.like != nil && !s.like.match(likeText(v))
+	}
+	return false
+}

@@ -1,7 +1,6 @@
 package streams
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -178,21 +177,27 @@ func Encode(m *Message) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	// HTML escaping would grow "<" in text values sixfold for no reader's benefit.
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(m); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+	return appendMessage(make([]byte, 0, 512), m)
 }
 
-// Decode parses and validates a change message body.
+// AppendEncode is Encode appending to dst, for callers that reuse buffers.
+func AppendEncode(dst []byte, m *Message) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return appendMessage(dst, m)
+}
+
+// Decode parses and validates a change message body. Row values in the
+// result alias data.
 func Decode(data []byte) (*Message, error) {
 	var m Message
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	d := decoder{data: data}
+	if err := d.message(&m); err != nil {
+		return nil, err
+	}
+	if m.Parts == nil {
+		return nil, fmt.Errorf("%w: no parts", ErrMalformed)
 	}
 	if err := m.Validate(); err != nil {
 		return nil, err

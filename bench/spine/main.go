@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -51,6 +52,7 @@ type options struct {
 	latN     int
 	pgFsync  bool
 	keep     bool
+	profile  string
 }
 
 func main() {
@@ -63,6 +65,7 @@ func main() {
 	flag.IntVar(&o.latN, "latency-n", 5000, "transactions in the latency run")
 	flag.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark Postgres with fsync on")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directories")
+	flag.StringVar(&o.profile, "profile", "", "write CPU profiles of the initial sync and the throughput run into this folder")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "spine:", err)
@@ -118,6 +121,10 @@ func run(o options) error {
 	}
 
 	// Start the spine, as `jetsync run` does.
+	stopProfile, err := startProfile(o.profile, "initial-sync.pprof")
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	ns, err := natsconfig.Start(natsconfig.Config{StoreDir: filepath.Join(root, "nats"), Logger: log})
 	if err != nil {
@@ -181,6 +188,7 @@ func run(o options) error {
 	if err != nil {
 		return fmt.Errorf("wait for replica-ready: %w", err)
 	}
+	stopProfile()
 	rows, err := countRows(filepath.Join(root, "replica.db"))
 	if err != nil {
 		return err
@@ -188,6 +196,9 @@ func run(o options) error {
 
 	// Throughput: the same load, now carried into the replica.
 	drainUpdates(sub)
+	if stopProfile, err = startProfile(o.profile, "throughput.pprof"); err != nil {
+		return err
+	}
 	loadStart := time.Now()
 	e2eCommits, err := loadCount(ctx, pool, ids, o.clients, o.duration)
 	if err != nil {
@@ -202,6 +213,7 @@ func run(o options) error {
 		return fmt.Errorf("wait for the replica to catch up: %w", err)
 	}
 	caughtUpIn := time.Since(loadStart)
+	stopProfile()
 	e2eRate := float64(e2eCommits) / caughtUpIn.Seconds()
 	pgDuringRate := float64(e2eCommits) / committedIn.Seconds()
 
@@ -221,6 +233,26 @@ func run(o options) error {
 	fmt.Printf("| commit → in the stream at %d txn/s, p50 / p99 | %.2f / %.2f ms | | |\n", o.rate, ms(lat.streamP50), ms(lat.streamP99))
 	fmt.Printf("| commit → replica-applied at %d txn/s, p50 / p99 | %.2f / %.2f ms | | zero-cache commit → client: 5.8 / 15.3 ms |\n", o.rate, ms(lat.replicaP50), ms(lat.replicaP99))
 	return nil
+}
+
+// startProfile starts a CPU profile into dir/name; with no dir it does
+// nothing.
+func startProfile(dir, name string) (stop func(), err error) {
+	if dir == "" {
+		return func() {}, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

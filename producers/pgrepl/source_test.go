@@ -483,9 +483,10 @@ func TestSource_InitialSync(t *testing.T) {
 		"id": `1`, "i2": `-2`, "i4": `4`, "f4": `1.5`, "f8": `2.25`, "num": `123.5`, "b": `true`,
 		"t": `"a \"quoted\"\ttab\nnewline \\ backslash é"`, "vc": `"vc"`, "bp": `"ab "`,
 		"u": `"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"`, "ts": `1704164645678`, "tstz": `1704157445678`,
-		"d": `1704153600000`, "tm": `3723500`, "j": `{"a":[1,"x"]}`, "jb": `{"b":null}`, "ai": `[1,null,3]`,
+		"d": `1704153600000`, "tm": `3723500`, "j": `{"a": [1, "x"]}`, "jb": `{"b": null}`, "ai": `[1,null,3]`,
 		"at": `["x y","z"]`, "e": `"happy"`, "ea": `["sad","happy"]`, "dom": `"dom"`, "by": `"\\x0102"`,
 	}
+	// json and jsonb travel verbatim, in Postgres's own text form.
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("every.%s = %s; want %s", k, got[k], v)

@@ -1,0 +1,90 @@
+# jetsync: `make run` and `make test` work on a fresh machine (Go and, for
+# tests and the demo upstream, Debian's postgresql-15, which `make test`
+# installs when missing).
+
+GO       ?= go
+PGBIN    ?= /usr/lib/postgresql/15/bin
+BIN      := bin/jetsync
+BENCHTIME ?= 1s
+FUZZTIME ?= 20s
+
+# Unit and light packages run under the race detector. Everything else that
+# has tests starts real servers (Postgres, NATS, SQLite-heavy consumers):
+# those run one package at a time and without -race, since modernc SQLite is
+# 18-23x slower under it. e2e drives ./bin/jetsync and runs last.
+RACE_PATTERNS := ./streams/... ./projections/... ./producers/pgvalue/...
+list = $(shell $(GO) list -e $(1) 2>/dev/null | grep '^github.com/')
+RACE_PKGS   = $(call list,$(RACE_PATTERNS))
+ALL_PKGS    = $(call list,./...)
+SERVER_PKGS = $(filter-out $(RACE_PKGS) %/e2e,$(ALL_PKGS))
+
+export CGO_ENABLED ?= 0
+
+.PHONY: all build run test deps vet fmt-check test-race test-servers test-e2e bench fuzz soak clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/jetsync
+
+run: build
+	./$(BIN) run
+
+# deps installs what the tests need and a fresh machine lacks. The Debian
+# package would otherwise create and start a cluster of its own: the tests
+# and the demo run their own clusters.
+deps:
+	@if [ ! -x $(PGBIN)/initdb ]; then \
+		echo "installing postgresql-15"; \
+		SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+		$$SUDO mkdir -p /etc/postgresql-common; \
+		echo 'create_main_cluster = false' | $$SUDO tee /etc/postgresql-common/createcluster.conf >/dev/null; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql-15 postgresql-client-15; \
+	fi
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './.tools/*' -not -path './jetsync-data/*')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+test-race:
+	CGO_ENABLED=1 $(GO) test -race -timeout 15m $(RACE_PKGS)
+
+test-servers:
+	$(GO) test -p 1 -timeout 25m $(SERVER_PKGS)
+
+test-e2e: build
+	JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 10m ./e2e/...
+
+# Plain `go test` prints one line per package with its duration, so a slow
+# package shows.
+test: deps vet fmt-check test-race test-servers test-e2e
+
+bench: build
+	$(GO) test -p 1 -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 30m $(filter-out %/e2e,$(ALL_PKGS))
+	@set -e; for s in bench/*.sh; do \
+		[ -f "$$s" ] || continue; echo "== $$s"; bash "$$s"; \
+	done; \
+	for d in bench/*/; do \
+		[ -f "$$d/main.go" ] || continue; echo "== $$d"; $(GO) run ./$$d; \
+	done
+
+# fuzz runs every Fuzz* target for FUZZTIME; go test -fuzz takes one target
+# per run.
+fuzz:
+	@set -e; for pkg in $(filter-out %/e2e,$(ALL_PKGS)); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+			echo "== $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -timeout 10m $$pkg; \
+		done; \
+	done
+
+# soak runs the long tests, named Soak*; none exist yet.
+soak: build
+	JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -run 'Soak' -timeout 60m $(ALL_PKGS)
+
+clean:
+	rm -rf bin

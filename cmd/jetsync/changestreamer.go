@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/producers/pgrepl"
+	"github.com/jetsync/jetsync/streams"
+)
+
+const changeStreamerSummary = `Run the change-streamer alone against an external NATS server: Postgres
+logical replication from -upstream-db into the change stream, plus the backup
+replica this role keeps. Serves / and /metrics on -port.`
+
+type changeStreamerFlags struct {
+	roleFlags
+	upstreamFlags
+	natsFlags
+}
+
+func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var c changeStreamerFlags
+	e := newEnv()
+	fs := flag.NewFlagSet("jetsync change-streamer", flag.ContinueOnError)
+	// zero-cache's change-streamer listens on its port + 1; doing the same
+	// lets the roles share a machine with default settings.
+	c.roleFlags.register(fs, e, DefaultPort+1, "backup-replica.db")
+	c.upstreamFlags.register(fs, e, "upstream Postgres `URL` (required)")
+	c.natsFlags.register(fs, e)
+	if err := parseFlags(fs, e, stdout, changeStreamerSummary, args); err != nil {
+		return err
+	}
+	if err := c.roleFlags.validate(); err != nil {
+		return err
+	}
+	if err := c.upstreamFlags.validate(); err != nil {
+		return err
+	}
+	if c.upstreamDB == "" {
+		return usageError("change-streamer needs an upstream: set ZERO_UPSTREAM_DB or -upstream-db")
+	}
+	log, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	shard, err := c.shard()
+	if err != nil {
+		return err
+	}
+	dataDir, err := prepareDataDir(c.dataDir)
+	if err != nil {
+		return err
+	}
+	id, err := taskID(dataDir, c.taskID)
+	if err != nil {
+		return err
+	}
+	log = log.With("task_id", id)
+	ctx, stop := notifyContext(ctx, log)
+	defer stop()
+	metrics := newMetricSet()
+
+	nc, err := connectNATS(c.natsURL, "jetsync change-streamer "+id, log)
+	if err != nil {
+		return err
+	}
+	defer drain(nc, log)
+	checkSyncPolicy(ctx, c.monitorURL, log)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	scfg := c.streamConfig(shard)
+	if _, _, err := streams.Ensure(ctx, js, scfg); err != nil {
+		return err
+	}
+	log.Info("upstream", "db", redact(c.upstreamDB), "app_id", shard.App, "shard_num", shard.Num)
+	src, err := pgrepl.New(pgrepl.Config{
+		UpstreamURL:  c.upstreamDB,
+		Shard:        shard,
+		Publications: c.publicationList(),
+		Stream:       scfg,
+		CopyWorkers:  c.copyWorkers,
+		Logger:       log,
+		Registerer:   metrics.For("change-streamer"),
+	}, js)
+	if err != nil {
+		return err
+	}
+	file := c.replica(dataDir, "backup-replica.db")
+	cons, err := replica.New(replica.Config{
+		File:       file,
+		Shard:      shard,
+		TaskID:     id,
+		Name:       "backup",
+		Logger:     log.With("component", "backup-replica"),
+		Registerer: metrics.For("backup-replica"),
+	}, js)
+	if err != nil {
+		return err
+	}
+	h, err := listenHTTP(c.port, metrics, log)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	log.Info("change-streamer running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream())
+	return runStages(ctx, log,
+		[]component{{"change-streamer", src.Run}},
+		[]component{{"backup-replica", cons.Run}},
+		[]component{{"http", h.Run}},
+	)
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"flag"
+	"path/filepath"
+	"strings"
+
+	"github.com/jetsync/jetsync/streams"
+)
+
+// roleFlags are the settings of every long-running role.
+type roleFlags struct {
+	common
+	dataDir     string
+	taskID      string
+	replicaFile string
+	port        int
+}
+
+func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault string) {
+	r.common.register(fs, e)
+	fs.StringVar(&r.dataDir, "data-dir", e.str("JETSYNC_DATA_DIR", DefaultDataDir), "directory for everything this instance keeps [JETSYNC_DATA_DIR]")
+	fs.StringVar(&r.taskID, "task-id", e.str("ZERO_TASK_ID", ""), "instance identity, naming its durable consumers; default a random ID kept in the data dir [ZERO_TASK_ID]")
+	fs.StringVar(&r.replicaFile, "replica-file", e.str("ZERO_REPLICA_FILE", ""), "SQLite replica file; default <data-dir>/"+replicaDefault+" [ZERO_REPLICA_FILE]")
+	fs.IntVar(&r.port, "port", e.int("ZERO_PORT", port), "HTTP port for / (health) and /metrics; 0 picks a free port [ZERO_PORT]")
+}
+
+func (r *roleFlags) validate() error {
+	if r.port < 0 || r.port > 65535 {
+		return usageError("port %d out of range", r.port)
+	}
+	return nil
+}
+
+// replica is the replica file, made absolute under dataDir by default.
+func (r *roleFlags) replica(dataDir, def string) string {
+	if r.replicaFile != "" {
+		return r.replicaFile
+	}
+	return filepath.Join(dataDir, def)
+}
+
+// upstreamFlags are the settings of the roles that run the change-streamer,
+// which also defines the stream.
+type upstreamFlags struct {
+	upstreamDB     string
+	publications   string
+	copyWorkers    int
+	streamReplicas int
+}
+
+func (u *upstreamFlags) validate() error {
+	if u.streamReplicas < 1 || u.streamReplicas > 5 {
+		return usageError("stream replicas %d: want 1 to 5", u.streamReplicas)
+	}
+	return nil
+}
+
+func (u *upstreamFlags) streamConfig(shard streams.Shard) streams.Config {
+	return streams.Config{Shard: shard, Replicas: u.streamReplicas}
+}
+
+func (u *upstreamFlags) register(fs *flag.FlagSet, e *env, usage string) {
+	u.upstreamDB = e.str("ZERO_UPSTREAM_DB", "")
+	fs.Var(secret{&u.upstreamDB}, "upstream-db", usage+" [ZERO_UPSTREAM_DB]")
+	fs.StringVar(&u.publications, "app-publications", e.str("ZERO_APP_PUBLICATIONS", ""), "comma-separated publications to replicate; default one covering the public schema [ZERO_APP_PUBLICATIONS]")
+	fs.IntVar(&u.copyWorkers, "initial-sync-table-copy-workers", e.int("ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS", 0), "parallel table copies of an initial sync; 0 means the default (5) [ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS]")
+	fs.IntVar(&u.streamReplicas, "stream-replicas", e.int("JETSYNC_STREAM_REPLICAS", 1), "JetStream replicas of the change stream and state bucket: 1 on one server, 3 on a cluster [JETSYNC_STREAM_REPLICAS]")
+}
+
+func (u *upstreamFlags) publicationList() []string {
+	var out []string
+	for p := range strings.SplitSeq(u.publications, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// natsFlags are the settings of the roles that attach to an external server.
+type natsFlags struct {
+	natsURL    string
+	monitorURL string
+}
+
+func (n *natsFlags) register(fs *flag.FlagSet, e *env) {
+	n.natsURL = e.str("JETSYNC_NATS_URL", DefaultNATSURL)
+	fs.Var(secret{&n.natsURL}, "nats-url", "NATS server `URL` [JETSYNC_NATS_URL]")
+	fs.StringVar(&n.monitorURL, "nats-monitor-url", e.str("JETSYNC_NATS_MONITOR_URL", ""), "the NATS server's monitoring endpoint `URL` (like http://127.0.0.1:8222), to check that it fsyncs every write [JETSYNC_NATS_MONITOR_URL]")
+}

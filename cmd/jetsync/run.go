@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	natsconfig "github.com/jetsync/jetsync/nats-config"
+	"github.com/jetsync/jetsync/producers/pgrepl"
+	"github.com/jetsync/jetsync/streams"
+)
+
+const runSummary = `Run everything in one process: an embedded NATS server (JetStream files under
+<data-dir>/nats, listening on -nats-listen for jetsync tail, the nats CLI and
+other consumers), the change-streamer from the upstream Postgres, one SQLite
+replica, and the HTTP server (/ and /metrics). Without -upstream-db it starts
+a demo Postgres under <data-dir>/postgres, with a small schema and rows, and
+logs how to connect to it with psql.`
+
+type runFlags struct {
+	roleFlags
+	upstreamFlags
+	natsListen string
+	demoPGPort int
+	pgBin      string
+}
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var c runFlags
+	e := newEnv()
+	fs := flag.NewFlagSet("jetsync run", flag.ContinueOnError)
+	c.roleFlags.register(fs, e, DefaultPort, "replica.db")
+	c.upstreamFlags.register(fs, e, "upstream Postgres `URL`; unset starts the demo Postgres")
+	fs.StringVar(&c.natsListen, "nats-listen", e.str("JETSYNC_NATS_LISTEN", DefaultNATSListen), "address the embedded NATS server listens on; empty: in-process only; port 0 picks a free port [JETSYNC_NATS_LISTEN]")
+	fs.IntVar(&c.demoPGPort, "demo-pg-port", e.int("JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort), "port of the demo Postgres; 0 picks a free port [JETSYNC_DEMO_PG_PORT]")
+	fs.StringVar(&c.pgBin, "pg-bin", e.str("JETSYNC_PG_BIN", DefaultPGBin), "directory of the Postgres binaries for the demo Postgres [JETSYNC_PG_BIN]")
+	if err := parseFlags(fs, e, stdout, runSummary, args); err != nil {
+		return err
+	}
+	if err := c.roleFlags.validate(); err != nil {
+		return err
+	}
+	if err := c.upstreamFlags.validate(); err != nil {
+		return err
+	}
+	log, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	shard, err := c.shard()
+	if err != nil {
+		return err
+	}
+	dataDir, err := prepareDataDir(c.dataDir)
+	if err != nil {
+		return err
+	}
+	id, err := taskID(dataDir, c.taskID)
+	if err != nil {
+		return err
+	}
+	log = log.With("task_id", id)
+	ctx, stop := notifyContext(ctx, log)
+	defer stop()
+	metrics := newMetricSet()
+
+	ns, err := natsconfig.Start(natsconfig.Config{
+		StoreDir: filepath.Join(dataDir, "nats"),
+		Listen:   c.natsListen,
+		Logger:   log,
+	})
+	if err != nil {
+		return err
+	}
+	defer shutdownNATS(ns, log)
+	if u := natsconfig.ListenURL(ns); u != "" {
+		log.Info("nats listening", "url", u)
+	} else {
+		log.Info("nats accepts in-process connections only")
+	}
+	nc, err := natsconfig.Connect(ns, nats.Name("jetsync run"))
+	if err != nil {
+		return err
+	}
+	defer drain(nc, log)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	scfg := c.streamConfig(shard)
+	if _, _, err := streams.Ensure(ctx, js, scfg); err != nil {
+		return err
+	}
+
+	upstream := c.upstreamDB
+	if upstream == "" {
+		cl, url, err := startDemo(ctx, dataDir, c.demoPGPort, c.pgBin, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := cl.Stop(sctx); err != nil {
+				log.Warn("stop demo postgres", "err", err)
+				return
+			}
+			log.Info("demo postgres stopped")
+		}()
+		upstream = url
+		log.Info("demo upstream ready: connect with psql",
+			"psql", fmt.Sprintf("%s '%s'", filepath.Join(c.pgBin, "psql"), url), "url", url)
+	}
+	log.Info("upstream", "db", redact(upstream), "app_id", shard.App, "shard_num", shard.Num)
+
+	src, err := pgrepl.New(pgrepl.Config{
+		UpstreamURL:  upstream,
+		Shard:        shard,
+		Publications: c.publicationList(),
+		Stream:       scfg,
+		CopyWorkers:  c.copyWorkers,
+		Logger:       log,
+		Registerer:   metrics.For("change-streamer"),
+	}, js)
+	if err != nil {
+		return err
+	}
+	file := c.replica(dataDir, "replica.db")
+	cons, err := replica.New(replica.Config{
+		File:       file,
+		Shard:      shard,
+		TaskID:     id,
+		Name:       "replica",
+		Logger:     log.With("component", "replica"),
+		Registerer: metrics.For("replica"),
+	}, js)
+	if err != nil {
+		return err
+	}
+	h, err := listenHTTP(c.port, metrics, log)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	log.Info("jetsync running", "replica", file, "stream", shard.ChangesStream(), "data_dir", dataDir)
+	return runStages(ctx, log,
+		[]component{{"change-streamer", src.Run}},
+		[]component{{"replica", cons.Run}},
+		[]component{{"http", h.Run}},
+	)
+}
+
+func shutdownNATS(ns *server.Server, log *slog.Logger) {
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	log.Info("nats server stopped")
+}

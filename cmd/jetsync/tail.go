@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/streams"
+)
+
+const tailSummary = `Print change events live as they enter the stream, one line per change.
+It starts at new messages (an ordered consumer with DeliverNew) and runs until
+interrupted. --table follows one table's subject; --json prints JSON lines.`
+
+// streamClient is what tail and replay share: a connection to the server
+// holding the change stream, and the stream.
+type streamClient struct {
+	common
+	natsURL string
+	table   string
+	json    bool
+}
+
+func (c *streamClient) register(fs *flag.FlagSet, e *env) {
+	c.common.register(fs, e)
+	fs.StringVar(&c.natsURL, "nats-url", e.str("JETSYNC_NATS_URL", DefaultNATSURL), "NATS server URL [JETSYNC_NATS_URL]")
+	fs.StringVar(&c.table, "table", "", "only this table: schema.table, or table for public.table")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object per line")
+}
+
+// filter is the subject to follow: the table's, or the whole shard's.
+func (c *streamClient) filter(shard streams.Shard) (string, error) {
+	schema, table, err := parseTable(c.table)
+	if err != nil {
+		return "", err
+	}
+	if table == "" {
+		return shard.ChangesFilter(), nil
+	}
+	return shard.TableSubject(schema, table), nil
+}
+
+func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var c streamClient
+	e := newEnv()
+	fs := flag.NewFlagSet("jetsync tail", flag.ContinueOnError)
+	c.register(fs, e)
+	if err := parseFlags(fs, e, stdout, tailSummary, args); err != nil {
+		return err
+	}
+	log, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	shard, err := c.shard()
+	if err != nil {
+		return err
+	}
+	subject, err := c.filter(shard)
+	if err != nil {
+		return err
+	}
+	ctx, stop := notifyContext(ctx, log)
+	defer stop()
+
+	nc, err := connectNATS(c.natsURL, "jetsync tail", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	cons, err := js.OrderedConsumer(ctx, shard.ChangesStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject},
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", shard.ChangesStream(), err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", shard.ChangesStream(), err)
+	}
+	defer it.Stop()
+	log.Info("tailing", "stream", shard.ChangesStream(), "subject", subject, "nats", redact(c.natsURL))
+	p := newPrinter(stdout, c.json)
+	return follow(ctx, it, func(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
+		return true, printMsg(p, msg, md, log)
+	})
+}
+
+// follow hands each message to fn until fn says stop, ctx ends, or the
+// iterator fails.
+func follow(ctx context.Context, it jetstream.MessagesContext, fn func(jetstream.Msg, *jetstream.MsgMetadata) (more bool, err error)) error {
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("next message: %w", err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("message metadata: %w", err)
+		}
+		more, err := fn(msg, md)
+		if err != nil || !more {
+			return err
+		}
+	}
+}
+
+// printMsg prints one message. A message that does not decode is reported
+// and skipped: a debugging tool should show what it can.
+func printMsg(p *printer, msg jetstream.Msg, md *jetstream.MsgMetadata, log *slog.Logger) error {
+	m, err := streams.Decode(msg.Data())
+	if err != nil {
+		log.Warn("undecodable message", "seq", md.Sequence.Stream, "subject", msg.Subject(), "err", err)
+		return nil
+	}
+	return p.message(md.Sequence.Stream, md.Timestamp, m)
+}

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+)
+
+const viewSyncerSummary = `Run a view-syncer against an external NATS server: a replica consumer with its
+own SQLite replica, and the HTTP server on -port (/ and /metrics; the Zero
+sync endpoint comes with the view-syncer).`
+
+func cmdViewSyncer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("jetsync view-syncer", flag.ContinueOnError)
+	return runConsumerRole(ctx, fs, consumerRole{
+		name:        "view-syncer",
+		summary:     viewSyncerSummary,
+		port:        DefaultPort,
+		replicaFile: "view-syncer-replica.db",
+	}, args, stdout, stderr)
+}
+
+// consumerRole describes a role built on one replica consumer.
+type consumerRole struct {
+	name        string
+	summary     string
+	port        int
+	replicaFile string
+	// routes adds the role's own HTTP routes, given its consumer.
+	routes func(h *httpServer, cons *replica.Consumer, log *slog.Logger)
+}
+
+type consumerFlags struct {
+	roleFlags
+	natsFlags
+}
+
+// runConsumerRole runs a replica consumer and the HTTP server against an
+// external NATS server until ctx ends.
+func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args []string, stdout, stderr io.Writer) error {
+	var c consumerFlags
+	e := newEnv()
+	c.roleFlags.register(fs, e, r.port, r.replicaFile)
+	c.natsFlags.register(fs, e)
+	if err := parseFlags(fs, e, stdout, r.summary, args); err != nil {
+		return err
+	}
+	if err := c.validate(); err != nil {
+		return err
+	}
+	log, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	shard, err := c.shard()
+	if err != nil {
+		return err
+	}
+	dataDir, err := prepareDataDir(c.dataDir)
+	if err != nil {
+		return err
+	}
+	id, err := taskID(dataDir, c.taskID)
+	if err != nil {
+		return err
+	}
+	log = log.With("task_id", id)
+	ctx, stop := notifyContext(ctx, log)
+	defer stop()
+	metrics := newMetricSet()
+
+	nc, err := connectNATS(c.natsURL, "jetsync "+r.name+" "+id, log)
+	if err != nil {
+		return err
+	}
+	defer drain(nc, log)
+	checkSyncPolicy(ctx, c.monitorURL, log)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	file := c.replica(dataDir, r.replicaFile)
+	cons, err := replica.New(replica.Config{
+		File:       file,
+		Shard:      shard,
+		TaskID:     id,
+		Name:       r.name,
+		Logger:     log.With("component", "replica"),
+		Registerer: metrics.For(r.name),
+	}, js)
+	if err != nil {
+		return err
+	}
+	h, err := listenHTTP(c.port, metrics, log)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if r.routes != nil {
+		r.routes(h, cons, log)
+	}
+	log.Info(r.name+" running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream())
+	return runStages(ctx, log,
+		[]component{{r.name, cons.Run}},
+		[]component{{"http", h.Run}},
+	)
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite"
 
+	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -58,7 +59,8 @@ func run(m *testing.M) int {
 			return 1
 		}
 	}
-	return m.Run()
+	// pgtest.Main stops the package's shared Postgres when the tests end.
+	return pgtest.Main(m)
 }
 
 func pgBin(t *testing.T) string {

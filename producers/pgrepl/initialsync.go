@@ -93,6 +93,15 @@ func (s *Source) reset(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgC
 		return pos, err
 	}
 	log.Info("initial sync done", "rows", rows, "messages", pub.next-u.ResetSeq, "took", time.Since(started).Round(time.Millisecond))
+	// History before the reset describes another replica version, perhaps
+	// another upstream whose LSNs don't even order after ours: no consumer
+	// can use it (each rebuilds from the reset), so it goes.
+	if u.ResetSeq > 1 {
+		if err := stream.Purge(ctx, jetstream.WithPurgeSequence(u.ResetSeq)); err != nil {
+			return pos, fmt.Errorf("purge history before the reset at seq %d: %w", u.ResetSeq, err)
+		}
+		log.Info("purged history before the reset", "seq", u.ResetSeq)
+	}
 	return position{
 		slot: slot, replicaVersion: rv, startLSN: lsn, prev: rv, resumeWM: rv, resumePart: allParts,
 	}, nil

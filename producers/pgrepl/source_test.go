@@ -795,6 +795,13 @@ func TestSource_Reset(t *testing.T) {
 			t.Errorf("replica version %s after %s", u2.ReplicaVersion, u1.ReplicaVersion)
 		}
 		ms := e.messages(t)
+		// The old history belongs to another replica version: purged.
+		if len(ms) == 0 {
+			t.Fatal("the stream is empty")
+		}
+		if ms[0].seq != u2.ResetSeq {
+			t.Errorf("stream starts at seq %d; want the new reset's %d", ms[0].seq, u2.ResetSeq)
+		}
 		rv, txs := transactions(t, ms)
 		if rv != u2.ReplicaVersion {
 			t.Fatalf("stream's last reset is %s; want %s", rv, u2.ReplicaVersion)

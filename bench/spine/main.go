@@ -12,6 +12,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -25,9 +26,11 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -115,10 +118,14 @@ func run(o options) error {
 	}
 
 	// Postgres alone, before any slot exists: the ceiling for the end-to-end figure.
-	pgRate, err := load(ctx, pool, ids, o.clients, o.duration/2)
+	cpuAlone := sampleCPU()
+	aloneStart := time.Now()
+	aloneCommits, err := loadCount(ctx, pool, ids, o.clients, o.duration/2)
 	if err != nil {
 		return err
 	}
+	pgRate := float64(aloneCommits) / time.Since(aloneStart).Seconds()
+	cpuAlone = sampleCPU().sub(cpuAlone)
 
 	// Start the spine, as `jetsync run` does.
 	stopProfile, err := startProfile(o.profile, "initial-sync.pprof")
@@ -200,6 +207,7 @@ func run(o options) error {
 		return err
 	}
 	loadStart := time.Now()
+	cpuE2E := sampleCPU()
 	e2eCommits, err := loadCount(ctx, pool, ids, o.clients, o.duration)
 	if err != nil {
 		return err
@@ -213,6 +221,7 @@ func run(o options) error {
 		return fmt.Errorf("wait for the replica to catch up: %w", err)
 	}
 	caughtUpIn := time.Since(loadStart)
+	cpuE2E = sampleCPU().sub(cpuE2E)
 	stopProfile()
 	e2eRate := float64(e2eCommits) / caughtUpIn.Seconds()
 	pgDuringRate := float64(e2eCommits) / committedIn.Seconds()
@@ -230,6 +239,14 @@ func run(o options) error {
 	fmt.Printf("| start → replica-ready | %d ms | ≤ 2,100 ms | 4,225 ms |\n", tReady.Milliseconds())
 	fmt.Printf("| single-row txn/s carried into the replica (%d clients, %v) | %.0f/s | ≥ 10,000/s or Postgres's own | ~2,000/s |\n", o.clients, o.duration, e2eRate)
 	fmt.Printf("| Postgres alone, same load / while streaming | %.0f/s / %.0f/s | | |\n", pgRate, pgDuringRate)
+	// Where the two cores go, per transaction. The load generator runs in
+	// this process: its cost per transaction is what this process spent
+	// while Postgres ran alone.
+	gen := cpuAlone.self / time.Duration(aloneCommits)
+	fmt.Printf("| CPU per transaction, Postgres alone: Postgres %v, load generator %v | | | |\n",
+		(cpuAlone.postgres / time.Duration(aloneCommits)).Round(time.Microsecond), gen.Round(time.Microsecond))
+	fmt.Printf("| CPU per transaction, streaming: Postgres %v (walsender included), jetsync %v | | | |\n",
+		(cpuE2E.postgres / time.Duration(e2eCommits)).Round(time.Microsecond), (cpuE2E.self/time.Duration(e2eCommits) - gen).Round(time.Microsecond))
 	fmt.Printf("| commit → in the stream at %d txn/s, p50 / p99 | %.2f / %.2f ms | | |\n", o.rate, ms(lat.streamP50), ms(lat.streamP99))
 	fmt.Printf("| commit → replica-applied at %d txn/s, p50 / p99 | %.2f / %.2f ms | | zero-cache commit → client: 5.8 / 15.3 ms |\n", o.rate, ms(lat.replicaP50), ms(lat.replicaP99))
 	return nil
@@ -253,6 +270,51 @@ func startProfile(dir, name string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// cpu is CPU time spent by this process and by every postgres process.
+type cpu struct{ self, postgres time.Duration }
+
+func (c cpu) sub(o cpu) cpu { return cpu{c.self - o.self, c.postgres - o.postgres} }
+
+func sampleCPU() cpu {
+	var c cpu
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		c.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime stime: fields 14 and 15.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || !bytes.Contains(b[:i], []byte("(postgres")) {
+			continue
+		}
+		f := strings.Fields(string(b[i+2:]))
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks := u + st
+		if ppid, _ := strconv.Atoi(f[1]); !isPostgres(ppid) {
+			// The postmaster: add what its exited children used.
+			cu, _ := strconv.ParseInt(f[13], 10, 64)
+			cs, _ := strconv.ParseInt(f[14], 10, 64)
+			ticks += cu + cs
+		}
+		c.postgres += time.Duration(ticks) * time.Second / 100 // USER_HZ
+	}
+	return c
+}
+
+func isPostgres(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return err == nil && bytes.Contains(b, []byte("(postgres)"))
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -98,6 +98,18 @@ func (d *decoder) table(schema, name string) *tableRef {
 	return t
 }
 
+// parsePgoutput parses one pgoutput message. pglogrepl indexes its input
+// without bounds checks, so a malformed message would panic inside it: that
+// becomes an error here.
+func parsePgoutput(data []byte) (m pglogrepl.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m, err = nil, fmt.Errorf("malformed pgoutput message (%d bytes): %v", len(data), r)
+		}
+	}()
+	return pglogrepl.Parse(data)
+}
+
 // decode handles one pgoutput message, calling emit for each event.
 func (d *decoder) decode(ctx context.Context, m pglogrepl.Message, emit func(event) error) error {
 	switch m := m.(type) {

@@ -98,7 +98,7 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 				if err != nil {
 					return fmt.Errorf("parse xlogdata: %w", err)
 				}
-				m, err := pglogrepl.Parse(xld.WALData)
+				m, err := parsePgoutput(xld.WALData)
 				if err != nil {
 					return fmt.Errorf("parse pgoutput at %s: %w", xld.WALStart, err)
 				}

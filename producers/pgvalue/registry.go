@@ -202,6 +202,9 @@ const maxLoadRounds = 16
 // are the isn extension's, else they are unsupported, like composites,
 // ranges and pseudo-types.
 func (r *Registry) Load(ctx context.Context, conn *pgx.Conn, oids ...uint32) error {
+	if conn == nil {
+		return fmt.Errorf("load types %v: no connection", oids)
+	}
 	rows := make(map[uint32]*typeRow)
 	var pending []uint32
 	want := func(oid uint32) {

@@ -164,18 +164,39 @@ func appendRaw(dst []byte, v json.RawMessage) []byte {
 
 const hexDigits = "0123456789abcdef"
 
-// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as
-// encoding/json does; "<", ">" and "&" stay as they are.
+// plainASCII marks the bytes a JSON string holds as they are.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 func appendString(dst []byte, s string) []byte {
+	return AppendJSONString(dst, s)
+}
+
+// AppendJSONString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD,
+// as encoding/json does; "<", ">" and "&" stay as they are. Producers of
+// change values (pgvalue) share it, so every string in the stream is escaped
+// one way.
+func AppendJSONString[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = append(dst, '"')
+	dst = AppendJSONStringBody(dst, s)
+	return append(dst, '"')
+}
+
+// AppendJSONStringBody is AppendJSONString without the quotes, for callers
+// that build one string from pieces.
+func AppendJSONStringBody[S ~string | ~[]byte](dst []byte, s S) []byte {
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
+		if plainASCII[c] {
+			i++
+			continue
+		}
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
 			dst = append(dst, s[start:i]...)
 			switch c {
 			case '"', '\\':
@@ -193,26 +214,27 @@ func appendString(dst []byte, s string) []byte {
 			start = i
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
+		r, size := decodeRune(s[i:min(i+utf8.UTFMax, len(s))])
+		switch {
+		case r == utf8.RuneError && size == 1:
 			dst = append(dst, s[start:i]...)
 			dst = append(dst, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		// U+2028 and U+2029 are valid JSON but break JavaScript parsers.
-		if r == '\u2028' || r == '\u2029' {
+			start = i + size
+		case r == '\u2028' || r == '\u2029':
+			// Valid JSON, but they end lines in JavaScript source.
 			dst = append(dst, s[start:i]...)
 			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
+			start = i + size
 		}
 		i += size
 	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
+	return append(dst, s[start:]...)
+}
+
+func decodeRune[S ~string | ~[]byte](s S) (rune, int) {
+	var b [utf8.UTFMax]byte
+	n := copy(b[:], s)
+	return utf8.DecodeRune(b[:n])
 }
 
 // decoder parses one message. It is strict: any syntax error, or a value of

@@ -22,7 +22,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/jetsync/jetsync/streams"
 )
@@ -253,63 +252,11 @@ func scanNumber(s []byte) (zero, ok bool) {
 	return zero, i == len(s)
 }
 
-const hexDigits = "0123456789abcdef"
+// appendString appends s as a JSON string: the stream escapes every string
+// one way, so pgvalue uses the contract's escaper.
+func appendString(dst []byte, s []byte) []byte { return streams.AppendJSONString(dst, s) }
 
-// plainASCII marks the bytes a JSON string holds as they are.
-var plainASCII = func() (t [256]bool) {
-	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
-// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as
-// encoding/json does, so the output is always valid JSON.
-func appendString(dst []byte, s []byte) []byte {
-	dst = append(dst, '"')
-	dst = appendStringBody(dst, s)
-	return append(dst, '"')
-}
-
-// appendStringBody appends s escaped for the inside of a JSON string.
-func appendStringBody(dst []byte, s []byte) []byte {
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if plainASCII[c] {
-			i++
-			continue
-		}
-		if c < utf8.RuneSelf {
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRune(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, "\ufffd"...)
-			i++
-			start = i
-			continue
-		}
-		i += size
-	}
-	return append(dst, s[start:]...)
-}
+func appendStringBody(dst []byte, s []byte) []byte { return streams.AppendJSONStringBody(dst, s) }
 
 func isSpace(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'

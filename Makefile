@@ -42,6 +42,23 @@ deps:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql-15 postgresql-client-15; \
 	fi
+	@$(MAKE) --no-print-directory node-deps
+
+# node-deps installs Node 22, the real Zero client and zero-cache for the e2e
+# client tests, as pinned in e2e/client/package-lock.json. npm ci starts from
+# scratch each time, so it runs only when the lockfile is newer than the
+# install.
+NODE_CLIENT := e2e/client
+.PHONY: node-deps e2e-reference
+node-deps: $(NODE_CLIENT)/node_modules/.ci-stamp
+$(NODE_CLIENT)/node_modules/.ci-stamp: $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# e2e-reference runs the Zero client suite against zero-cache 1.9.0 itself,
+# which shows that its assertions describe the real behaviour. CI need not.
+e2e-reference: node-deps build
+	JETSYNC_E2E_REFERENCE=1 JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 10m -run '^TestZeroClient_Reference$$' -v ./e2e/
 
 vet:
 	$(GO) vet ./...

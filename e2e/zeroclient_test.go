@@ -41,6 +41,9 @@ const (
 type syncServer struct {
 	url  string // the client's cacheURL: http://127.0.0.1:PORT
 	proc *proc
+	// missing names capabilities this server does not have yet; their
+	// subtests skip, saying so.
+	missing map[string]string
 }
 
 // serverUnderTest starts a sync server that replicates upstream (whose data
@@ -55,12 +58,9 @@ func TestZeroClient_Reference(t *testing.T) {
 	runZeroClientSuite(t, startZeroCache)
 }
 
-// TestZeroClient_Jetsync runs the suite against `jetsync run`. It waits for
-// the view-syncer (issue 4): set JETSYNC_E2E_ZEROCLIENT=1 to run it.
+// TestZeroClient_Jetsync runs the same suite against `jetsync run`: the
+// real client, unmodified, in place of zero-cache.
 func TestZeroClient_Jetsync(t *testing.T) {
-	if os.Getenv("JETSYNC_E2E_ZEROCLIENT") != "1" {
-		t.Skip("set JETSYNC_E2E_ZEROCLIENT=1 to run the Zero client suite against jetsync")
-	}
 	runZeroClientSuite(t, startJetsyncSyncer)
 }
 
@@ -231,6 +231,9 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 
 	// Last: the narrower rules apply to every client from here on.
 	t.Run("Permissions", func(t *testing.T) {
+		if why, ok := srv.missing["permissions"]; ok {
+			t.Skip(why)
+		}
 		deployPermissions(t, node, upstream, "app/schema-restricted.mjs")
 		d.open(t, "p", srv.url, "u000003", signToken(t, zeroSecret, "u000003", time.Hour), "p")
 		d.do(t, map[string]any{"cmd": "query", "client": "p", "id": "issues", "table": "issue", "orderBy": [][]string{{"id", "asc"}}})
@@ -362,7 +365,9 @@ func startJetsyncSyncer(t *testing.T, upstream string) *syncServer {
 	port := int(p.logRecord(t, "http listening", 60*time.Second)["port"].(float64))
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	waitHealthy(t, p, url, 90*time.Second)
-	return &syncServer{url: url, proc: p}
+	return &syncServer{url: url, proc: p, missing: map[string]string{
+		"permissions": "jetsync does not apply the legacy read permissions yet (issue 4)",
+	}}
 }
 
 // waitHealthy polls the health check at / until it answers 200.

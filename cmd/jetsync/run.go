@@ -22,13 +22,15 @@ import (
 const runSummary = `Run everything in one process: an embedded NATS server (JetStream files under
 <data-dir>/nats, listening on -nats-listen for jetsync tail, the nats CLI and
 other consumers), the change-streamer from the upstream Postgres, one SQLite
-replica, and the HTTP server (/ and /metrics). Without -upstream-db it starts
+replica, and the HTTP server: the Zero sync endpoint (/sync/v51/connect), /
+and /metrics. Without -upstream-db it starts
 a demo Postgres under <data-dir>/postgres, with a small schema and rows, and
 logs how to connect to it with psql.`
 
 type runFlags struct {
 	roleFlags
 	upstreamFlags
+	auth       authFlags
 	natsListen string
 	demoPGPort int
 	pgBin      string
@@ -40,6 +42,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("jetsync run", flag.ContinueOnError)
 	c.roleFlags.register(fs, e, DefaultPort, "replica.db")
 	c.upstreamFlags.register(fs, e, "upstream Postgres `URL`; unset starts the demo Postgres")
+	c.auth.register(fs, e)
 	fs.StringVar(&c.natsListen, "nats-listen", e.str("JETSYNC_NATS_LISTEN", DefaultNATSListen), "address the embedded NATS server listens on; empty: in-process only; port 0 picks a free port [JETSYNC_NATS_LISTEN]")
 	fs.IntVar(&c.demoPGPort, "demo-pg-port", e.int("JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort), "port of the demo Postgres; 0 picks a free port [JETSYNC_DEMO_PG_PORT]")
 	fs.StringVar(&c.pgBin, "pg-bin", e.str("JETSYNC_PG_BIN", DefaultPGBin), "directory of the Postgres binaries for the demo Postgres [JETSYNC_PG_BIN]")
@@ -151,9 +154,15 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer h.Close()
-	log.Info("jetsync running", "replica", file, "stream", shard.ChangesStream(), "data_dir", dataDir)
+	srv, err := newSyncServer(h, file, cons, shard, c.auth, log, metrics.For("view-syncer"))
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	log.Info("jetsync running", "replica", file, "stream", shard.ChangesStream(), "data_dir", dataDir, "port", h.Port())
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
+		[]component{{"view-syncer", srv.Run}},
 		[]component{{"replica", cons.Run}},
 		[]component{{"http", h.Run}},
 	)

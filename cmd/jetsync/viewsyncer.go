@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -13,8 +12,8 @@ import (
 )
 
 const viewSyncerSummary = `Run a view-syncer against an external NATS server: a replica consumer with its
-own SQLite replica, and the HTTP server on -port (/ and /metrics; the Zero
-sync endpoint comes with the view-syncer).`
+own SQLite replica, and the HTTP server on -port: the Zero sync endpoint
+(/sync/v51/connect), / and /metrics.`
 
 func cmdViewSyncer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("jetsync view-syncer", flag.ContinueOnError)
@@ -23,6 +22,7 @@ func cmdViewSyncer(ctx context.Context, args []string, stdout, stderr io.Writer)
 		summary:     viewSyncerSummary,
 		port:        DefaultPort,
 		replicaFile: "view-syncer-replica.db",
+		sync:        true,
 	}, args, stdout, stderr)
 }
 
@@ -32,13 +32,14 @@ type consumerRole struct {
 	summary     string
 	port        int
 	replicaFile string
-	// routes adds the role's own HTTP routes, given its consumer.
-	routes func(h *httpServer, cons *replica.Consumer, log *slog.Logger)
+	// sync serves the Zero sync endpoint over the role's replica.
+	sync bool
 }
 
 type consumerFlags struct {
 	roleFlags
 	natsFlags
+	auth authFlags
 }
 
 // runConsumerRole runs a replica consumer and the HTTP server against an
@@ -48,6 +49,9 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 	e := newEnv()
 	c.roleFlags.register(fs, e, r.port, r.replicaFile)
 	c.natsFlags.register(fs, e)
+	if r.sync {
+		c.auth.register(fs, e)
+	}
 	if err := parseFlags(fs, e, stdout, r.summary, args); err != nil {
 		return err
 	}
@@ -102,12 +106,16 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 		return err
 	}
 	defer h.Close()
-	if r.routes != nil {
-		r.routes(h, cons, log)
+	stages := [][]component{{{r.name, cons.Run}}, {{"http", h.Run}}}
+	if r.sync {
+		srv, err := newSyncServer(h, file, cons, shard, c.auth, log, metrics.For("view-syncer"))
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		// The sync server stops before the replica it reads.
+		stages = append([][]component{{{"sync", srv.Run}}}, stages...)
 	}
-	log.Info(r.name+" running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream())
-	return runStages(ctx, log,
-		[]component{{r.name, cons.Run}},
-		[]component{{"http", h.Run}},
-	)
+	log.Info(r.name+" running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream(), "port", h.Port())
+	return runStages(ctx, log, stages...)
 }

@@ -1,0 +1,489 @@
+package viewsyncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// Timing of the downstream (sync-protocol.md §10).
+const (
+	// idlePong is how long the server stays silent before it sends an
+	// unsolicited pong, so that a client waiting behind slow work keeps
+	// the connection.
+	idlePong = 6 * time.Second
+	// writeTimeout bounds one frame's write; a client that does not read
+	// for that long is closed.
+	writeTimeout = 10 * time.Second
+	// closeGrace is how long the server waits for the client's close
+	// frame after sending its own.
+	closeGrace = time.Second
+	// maxCloseReason is the longest close reason a control frame carries.
+	maxCloseReason = 123
+)
+
+var upgrader = websocket.Upgrader{
+	// Browsers connect from the app's origin; zero-cache accepts any.
+	CheckOrigin:     func(*http.Request) bool { return true },
+	ReadBufferSize:  16 << 10,
+	WriteBufferSize: 64 << 10,
+}
+
+// conn is one client websocket. Its handler goroutine reads and processes
+// upstream frames in order; a writer goroutine drains the send queue.
+type conn struct {
+	s   *Server
+	g   *group
+	ws  *websocket.Conn
+	log *slog.Logger
+
+	clientID, wsID, userID string
+
+	// Guarded by g.mu.
+	base               string
+	hasBase, everPoked bool
+	ready              bool
+
+	qmu       sync.Mutex
+	queue     [][]byte
+	qbytes    int
+	closing   bool
+	closeData []byte
+	wake      chan struct{}
+}
+
+// connectParams are the URL's query parameters (sync-protocol.md §2.1).
+type connectParams struct {
+	clientID, clientGroupID, userID string
+	baseCookie                      string
+	hasBase                         bool
+	wsID, profileID                 string
+}
+
+func parseConnectParams(q url.Values) (connectParams, error) {
+	p := connectParams{
+		clientID: q.Get("clientID"), clientGroupID: q.Get("clientGroupID"),
+		userID: q.Get("userID"), baseCookie: q.Get("baseCookie"),
+		wsID: q.Get("wsid"), profileID: q.Get("profileID"),
+	}
+	p.hasBase = p.baseCookie != ""
+	if p.clientID == "" {
+		return p, errors.New("invalid querystring parameter clientID: missing")
+	}
+	if p.clientGroupID == "" {
+		return p, errors.New("invalid querystring parameter clientGroupID: missing")
+	}
+	for _, k := range []string{"ts", "lmid"} {
+		if _, err := parseIntJS(q.Get(k)); err != nil {
+			return p, fmt.Errorf("invalid querystring parameter %s: %w", k, err)
+		}
+	}
+	return p, nil
+}
+
+// parseIntJS parses like JavaScript's parseInt: an optional sign and the
+// leading digits, ignoring what follows ("1369.77" is 1369).
+func parseIntJS(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	i := 0
+	if i < len(s) && (s[i] == '-' || s[i] == '+') {
+		i++
+	}
+	j := i
+	for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+		j++
+	}
+	if j == i {
+		return 0, fmt.Errorf("%q is not an integer", s)
+	}
+	return strconv.ParseInt(s[:j], 10, 64)
+}
+
+// syncPath parses [/<base>]/sync/v<N>/<action>.
+func syncPath(p string) (version int, ok bool) {
+	segs := strings.Split(strings.Trim(p, "/"), "/")
+	if len(segs) == 4 {
+		segs = segs[1:]
+	}
+	if len(segs) != 3 || segs[0] != "sync" || !strings.HasPrefix(segs[1], "v") {
+		return 0, false
+	}
+	n, err := parseIntJS(segs[1][1:])
+	if err != nil {
+		return -1, true
+	}
+	return int(n), true
+}
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	version, ok := syncPath(r.URL.Path)
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	proto := r.Header.Get("Sec-WebSocket-Protocol")
+	var hdr http.Header
+	if proto != "" {
+		hdr = http.Header{"Sec-Websocket-Protocol": {proto}}
+	}
+	ws, err := upgrader.Upgrade(w, r, hdr)
+	if err != nil {
+		return // Upgrade has answered
+	}
+	defer ws.Close()
+	ws.SetReadLimit(s.cfg.MaxPayloadBytes)
+	log := s.log.With("wsid", r.URL.Query().Get("wsid"))
+
+	// Browsers hide failed upgrades, so bad requests are told on the socket
+	// (sync-protocol.md §2.1).
+	p, err := parseConnectParams(r.URL.Query())
+	if err == nil && proto == "" {
+		err = errors.New("missing Sec-WebSocket-Protocol")
+	}
+	var sp *secProtocol
+	var init *initConnectionBody
+	if err == nil {
+		sp, init, err = decodeSecProtocol(proto)
+	}
+	if err != nil {
+		log.Debug("bad connect request", "err", err)
+		closeNow(ws, closeProtocol, err.Error())
+		return
+	}
+	c := &conn{
+		s: s, ws: ws, clientID: p.clientID, wsID: p.wsID, userID: p.userID,
+		base: p.baseCookie, hasBase: p.hasBase, wake: make(chan struct{}, 1),
+		log: log.With("client_group", p.clientGroupID, "client", p.clientID),
+	}
+	if perr := s.authenticate(sp.AuthToken, p.userID); perr != nil {
+		closeWithError(ws, perr)
+		return
+	}
+	if version < MinServerProtocol || version > ProtocolVersion {
+		side := "client"
+		if version > ProtocolVersion {
+			side = "server"
+		}
+		closeWithError(ws, newProtocolError(kindVersionNotSupported,
+			"server is at sync protocol v%d and does not support v%d. The %s must be updated to a newer release.",
+			ProtocolVersion, version, side))
+		return
+	}
+	ctx := r.Context()
+	g, err := s.group(ctx, p.clientGroupID)
+	if err != nil {
+		closeWithError(ws, newProtocolError(kindInternal, "%v", err))
+		return
+	}
+	c.g = g
+	if perr := g.attach(c, sp.AuthToken != ""); perr != nil {
+		closeWithError(ws, perr)
+		return
+	}
+	s.metrics.connections.Inc()
+	defer s.metrics.connections.Dec()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.writeLoop()
+	}()
+	defer func() {
+		c.closeQuietly()
+		<-done
+		g.detach(c)
+	}()
+
+	if b, err := encodeFrame("connected", connectedBody{WSID: p.wsID, Timestamp: time.Now().UnixMilli()}); err == nil {
+		c.enqueue(b)
+	}
+	if init != nil {
+		if !c.handle(ctx, &upstream{Tag: tagInitConnection, InitConnection: init}) {
+			return
+		}
+	}
+	for {
+		_, data, err := ws.ReadMessage()
+		if err != nil {
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) && !c.isClosing() {
+				c.log.Debug("read", "err", err)
+			}
+			return
+		}
+		u, err := decodeUpstream(data)
+		if err != nil {
+			c.fail(newProtocolError(kindInvalidMessage, "%v", err))
+			continue // drain until the client's close frame
+		}
+		c.handle(ctx, u)
+	}
+}
+
+// handle processes one upstream message; false means the connection is
+// closing.
+func (c *conn) handle(ctx context.Context, u *upstream) bool {
+	if c.isClosing() {
+		return false
+	}
+	var err error
+	switch u.Tag {
+	case tagPing:
+		if b, e := encodeFrame("pong", struct{}{}); e == nil {
+			c.enqueue(b)
+		}
+	case tagInitConnection:
+		err = c.g.initConnection(ctx, c, u.InitConnection)
+	case tagChangeDesiredQueries:
+		err = c.g.changeDesiredQueries(ctx, c, u.ChangeDesiredQueries.DesiredQueriesPatch)
+	case tagDeleteClients:
+		err = c.g.deleteClients(ctx, c, u.DeleteClients.ClientIDs)
+	case tagUpdateAuth:
+		if perr := c.s.authenticate(u.UpdateAuth.Auth, c.userID); perr != nil {
+			err = perr
+		}
+	case tagPush:
+		err = newProtocolError(kindInvalidPush, "A ZERO_MUTATE_URL must be set in order to process custom mutations.")
+	}
+	if err != nil {
+		var perr *protocolError
+		if !errors.As(err, &perr) {
+			c.log.Error("handle "+u.Tag, "err", err)
+			perr = newProtocolError(kindInternal, "%v", err)
+		}
+		c.fail(perr)
+		c.g.mu.Lock()
+		c.g.dropIfBroken()
+		c.g.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// enqueue queues frames to send, all or none. A client whose queue would
+// pass the limit is closed: it catches up when it reconnects.
+func (c *conn) enqueue(frames ...[]byte) bool {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	if c.closing {
+		return false
+	}
+	if c.qbytes+n > c.s.cfg.MaxQueueBytes {
+		c.s.metrics.closedSlow.Inc()
+		c.log.Warn("closing a client that does not keep up", "queued_bytes", c.qbytes)
+		c.setClosingLocked(websocket.CloseTryAgainLater, "send queue full")
+		return false
+	}
+	c.queue = append(c.queue, frames...)
+	c.qbytes += n
+	c.signal()
+	return true
+}
+
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fail sends err and closes.
+func (c *conn) fail(err *protocolError) {
+	c.log.Debug("closing with error", "kind", err.Kind, "message", err.Message)
+	if b, e := encodeFrame("error", err); e == nil {
+		c.enqueue(b)
+	}
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	c.setClosingLocked(err.closeCode, err.Message)
+}
+
+func (c *conn) closeQuietly() {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	c.setClosingLocked(websocket.CloseNormalClosure, "")
+}
+
+func (c *conn) setClosingLocked(code int, reason string) {
+	if c.closing {
+		return
+	}
+	c.closing = true
+	c.closeData = websocket.FormatCloseMessage(code, truncate(reason, maxCloseReason))
+	c.signal()
+}
+
+func (c *conn) isClosing() bool {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	return c.closing
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8Start(s[len(s)-1]) {
+		s = s[:len(s)-1]
+	}
+	if len(s) > 0 && s[len(s)-1] >= 0x80 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func utf8Start(b byte) bool { return b < 0x80 || b >= 0xC0 }
+
+// writeLoop is the connection's only writer.
+func (c *conn) writeLoop() {
+	idle := time.NewTicker(idlePong / 2)
+	defer idle.Stop()
+	last := time.Now()
+	pong, _ := encodeFrame("pong", struct{}{})
+	for {
+		select {
+		case <-c.wake:
+		case now := <-idle.C:
+			if now.Sub(last) >= idlePong {
+				c.enqueue(pong)
+			}
+			continue
+		}
+		c.qmu.Lock()
+		frames, closing, closeData := c.queue, c.closing, c.closeData
+		c.queue, c.qbytes = nil, 0
+		c.qmu.Unlock()
+		for _, f := range frames {
+			_ = c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
+			if err := c.ws.WriteMessage(websocket.TextMessage, f); err != nil {
+				c.log.Debug("write", "err", err)
+				c.closeQuietly()
+				_ = c.ws.Close()
+				return
+			}
+		}
+		if len(frames) > 0 {
+			last = time.Now()
+		}
+		if closing {
+			_ = c.ws.WriteControl(websocket.CloseMessage, closeData, time.Now().Add(writeTimeout))
+			// Let the reader see the client's close frame, or give up.
+			_ = c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+			return
+		}
+	}
+}
+
+// sendPoke queues one poke from base to cookie.
+func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeContent) error {
+	var bc *string
+	if hasBase {
+		bc = &base
+	}
+	var frames [][]byte
+	add := func(tag string, body any) error {
+		b, err := encodeFrame(tag, body)
+		if err != nil {
+			return err
+		}
+		frames = append(frames, b)
+		return nil
+	}
+	if err := add("pokeStart", pokeStartBody{PokeID: cookie, BaseCookie: bc}); err != nil {
+		return err
+	}
+	if !pc.empty() {
+		for _, part := range pc.parts(cookie) {
+			if err := add("pokePart", part); err != nil {
+				return err
+			}
+		}
+	}
+	if err := add("pokeEnd", pokeEndBody{PokeID: cookie, Cookie: cookie}); err != nil {
+		return err
+	}
+	c.enqueue(frames...)
+	return nil
+}
+
+// parts splits a poke's patches into parts of at most partSize patches:
+// query patches first, then rows, as zero-cache orders them.
+func (pc *pokeContent) parts(pokeID string) []*pokePartBody {
+	var out []*pokePartBody
+	cur := &pokePartBody{PokeID: pokeID, LastMutationIDChanges: pc.lmids}
+	n := len(pc.lmids)
+	next := func() {
+		if n >= partSize {
+			out = append(out, cur)
+			cur, n = &pokePartBody{PokeID: pokeID}, 0
+		}
+	}
+	for _, q := range pc.got {
+		next()
+		cur.GotQueriesPatch = append(cur.GotQueriesPatch, q)
+		n++
+	}
+	clients := make([]string, 0, len(pc.desired))
+	for id := range pc.desired {
+		clients = append(clients, id)
+	}
+	sort.Strings(clients)
+	for _, id := range clients {
+		for _, q := range pc.desired[id] {
+			next()
+			if cur.DesiredQueriesPatches == nil {
+				cur.DesiredQueriesPatches = map[string][]queryPatch{}
+			}
+			cur.DesiredQueriesPatches[id] = append(cur.DesiredQueriesPatches[id], q)
+			n++
+		}
+	}
+	for _, r := range pc.rows {
+		next()
+		cur.RowsPatch = append(cur.RowsPatch, r)
+		n++
+	}
+	if n > 0 || len(out) == 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// closeNow closes a socket that never got going.
+func closeNow(ws *websocket.Conn, code int, reason string) {
+	_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, truncate(reason, maxCloseReason)), time.Now().Add(writeTimeout))
+	drainClose(ws)
+}
+
+// closeWithError sends err, then closes, before the connection got going.
+func closeWithError(ws *websocket.Conn, err *protocolError) {
+	if b, e := encodeFrame("error", err); e == nil {
+		_ = ws.SetWriteDeadline(time.Now().Add(writeTimeout))
+		_ = ws.WriteMessage(websocket.TextMessage, b)
+	}
+	closeNow(ws, err.closeCode, err.Message)
+}
+
+// drainClose waits briefly for the client's close frame.
+func drainClose(ws *websocket.Conn) {
+	_ = ws.SetReadDeadline(time.Now().Add(closeGrace))
+	for {
+		if _, _, err := ws.ReadMessage(); err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,383 @@
+package viewsyncer
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/nats-config/natstest"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// captureSecret is the throwaway secret the transcripts were captured with
+// (../../../shared/spec/transcripts/README.md).
+const captureSecret = "zpeer-dev-secret-0123456789abcdef"
+
+// env is a real replica pipeline: an embedded JetStream with the shard's
+// stream, a hand-rolled producer publishing what pgrepl would, a replica
+// consumer keeping a SQLite file, and a view-syncer serving it over HTTP.
+type env struct {
+	t     testing.TB
+	js    jetstream.JetStream
+	kv    jetstream.KeyValue
+	shard streams.Shard
+	cons  *replica.Consumer
+	srv   *Server
+	http  *httptest.Server
+
+	lsn     uint64
+	wm      string
+	version string
+}
+
+type envOptions struct {
+	issues int
+	secret string
+}
+
+func newEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	ns := natstest.Start(t)
+	_, js := natstest.Connect(t, ns)
+	shard := streams.Shard{App: "zpeer", Num: 0}
+	_, kv, err := streams.Ensure(context.Background(), js, streams.Config{Shard: shard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, js: js, kv: kv, shard: shard, lsn: 0x1000000}
+	e.initialSync(o.issues)
+
+	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if os.Getenv("VIEWSYNCER_TEST_LOGS") != "" {
+		logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	file := filepath.Join(t.TempDir(), "replica.db")
+	cons, err := replica.New(replica.Config{File: file, Shard: shard, TaskID: "vs-test", Logger: logger}, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cons = cons
+	srv, err := New(Config{ReplicaFile: file, Replica: cons, Shard: shard, AuthSecret: o.secret, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv = srv
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- cons.Run(ctx) }()
+	go func() { done <- srv.Run(ctx) }()
+	// The routes cmd/jetsync serves beside the sync endpoint.
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("OK")) })
+	mux.HandleFunc("GET /metrics", func(http.ResponseWriter, *http.Request) {})
+	for _, p := range Patterns {
+		mux.Handle(p, srv.Handler())
+	}
+	e.http = httptest.NewServer(mux)
+	t.Cleanup(func() {
+		e.http.CloseClientConnections()
+		e.http.Close()
+		cancel()
+		for range 2 {
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}
+		srv.Close()
+	})
+	e.waitWM(e.wm)
+	return e
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func (e *env) waitWM(wm string) {
+	e.t.Helper()
+	waitFor(e.t, "watermark "+wm, func() bool { return e.cons.State().Watermark == wm })
+}
+
+// waitFor polls cond until it holds, failing the test after 10s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func (e *env) nextWM() string {
+	e.lsn += 8
+	return streams.Lexi(e.lsn)
+}
+
+func (e *env) publish(m *streams.Message) uint64 {
+	e.t.Helper()
+	data, err := streams.Encode(m)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	subj := e.shard.TxSubject()
+	if m.Table != "" {
+		subj = e.shard.TableSubject(m.Schema, m.Table)
+	}
+	msg := nats.NewMsg(subj)
+	msg.Data = data
+	first, last := m.Parts[0], m.Parts[len(m.Parts)-1]
+	msg.Header.Set(streams.HeaderMsgID, streams.MsgID(first.Watermark, first.Num))
+	msg.Header.Set(streams.HeaderWatermark, last.Watermark)
+	msg.Header.Set(streams.HeaderPart, strconv.Itoa(last.Num))
+	if last.Last {
+		msg.Header.Set(streams.HeaderCommit, last.Watermark)
+	}
+	msg.Header.Set(streams.HeaderReplicaVersion, e.version)
+	ack, err := e.js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		e.t.Fatalf("publish: %v", err)
+	}
+	return ack.Sequence
+}
+
+func col(name string, pos int, typ string, kind streams.Kind, notNull bool) streams.ColumnSpec {
+	return streams.ColumnSpec{Name: name, Pos: pos, DataType: typ, Kind: kind, NotNull: notNull}
+}
+
+// benchTables are ../../../shared/bench/schema.sql's tables.
+var benchTables = []streams.TableSpec{
+	{Schema: "public", Name: "user", PrimaryKey: []string{"id"}, Columns: []streams.ColumnSpec{
+		col("id", 1, "text", streams.KindString, true), col("name", 2, "text", streams.KindString, true)}},
+	{Schema: "public", Name: "label", PrimaryKey: []string{"id"}, Columns: []streams.ColumnSpec{
+		col("id", 1, "text", streams.KindString, true), col("name", 2, "text", streams.KindString, true)}},
+	{Schema: "public", Name: "issue", PrimaryKey: []string{"id"}, Columns: []streams.ColumnSpec{
+		col("id", 1, "text", streams.KindString, true), col("title", 2, "text", streams.KindString, true),
+		col("open", 3, "bool", streams.KindBoolean, true), col("modified", 4, "float8", streams.KindNumber, true),
+		col("owner_id", 5, "text", streams.KindString, false), col("created", 6, "timestamptz", streams.KindNumber, true)}},
+	{Schema: "public", Name: "comment", PrimaryKey: []string{"id"}, Columns: []streams.ColumnSpec{
+		col("id", 1, "text", streams.KindString, true), col("issue_id", 2, "text", streams.KindString, true),
+		col("body", 3, "text", streams.KindString, true), col("created", 4, "timestamptz", streams.KindNumber, true)}},
+	{Schema: "public", Name: "issue_label", PrimaryKey: []string{"issue_id", "label_id"}, Columns: []streams.ColumnSpec{
+		col("issue_id", 1, "text", streams.KindString, true), col("label_id", 2, "text", streams.KindString, true)}},
+	// The app's lastMutationID table (server-model.md §9.4).
+	{Schema: "zpeer_0", Name: "clients", PrimaryKey: []string{"clientGroupID", "clientID"}, Columns: []streams.ColumnSpec{
+		col("clientGroupID", 1, "text", streams.KindString, true), col("clientID", 2, "text", streams.KindString, true),
+		col("lastMutationID", 3, "int8", streams.KindNumber, true), col("userID", 4, "text", streams.KindString, false)}},
+}
+
+var benchIndexes = []streams.IndexSpec{
+	{Schema: "public", TableName: "issue", Name: "issue_modified_idx", Columns: []string{"modified"}},
+	{Schema: "public", TableName: "issue", Name: "issue_owner_idx", Columns: []string{"owner_id"}},
+	{Schema: "public", TableName: "comment", Name: "comment_issue_idx", Columns: []string{"issue_id"}},
+	{Schema: "public", TableName: "issue_label", Name: "issue_label_label_idx", Columns: []string{"label_id"}},
+}
+
+func raw(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// epoch2024 is 2024-01-01 00:00:00+00 in epoch milliseconds.
+const epoch2024 = 1704067200000
+
+// seedRows generates ../../../shared/bench/seed.sh's rows (2 comments per
+// issue), in client form.
+func seedRows(issues int) map[string][][]json.RawMessage {
+	out := map[string][][]json.RawMessage{}
+	put := func(table string, vals ...any) {
+		r := make([]json.RawMessage, len(vals))
+		for i, v := range vals {
+			r[i] = raw(v)
+		}
+		out[table] = append(out[table], r)
+	}
+	users := max(10, issues/100)
+	for g := 1; g <= users; g++ {
+		put("user", fmt.Sprintf("u%06d", g), "User "+strconv.Itoa(g))
+	}
+	for g := 1; g <= 20; g++ {
+		put("label", fmt.Sprintf("l%02d", g), "label-"+strconv.Itoa(g))
+	}
+	for g := 1; g <= issues; g++ {
+		sum := md5.Sum([]byte(strconv.Itoa(g)))
+		id := fmt.Sprintf("i%07d", g)
+		put("issue", id, "Issue "+strconv.Itoa(g)+" "+hex.EncodeToString(sum[:]), g%3 != 0,
+			float64((int64(g)*7919)%1000003)*1000+float64(g), fmt.Sprintf("u%06d", 1+(g*31)%users),
+			float64(epoch2024+int64(g)*60000))
+		for c := 1; c <= 2; c++ {
+			put("comment", fmt.Sprintf("c%07d-%d", g, c), id, fmt.Sprintf("Comment %d on issue %d", c, g),
+				float64(epoch2024+int64(g)*60000+int64(c)*1000))
+		}
+	}
+	for g := 1; g <= issues; g++ {
+		put("issue_label", fmt.Sprintf("i%07d", g), fmt.Sprintf("l%02d", 1+g%20))
+	}
+	for g := 1; g <= issues; g++ {
+		if g%2 == 0 && (g*7+3)%20 != g%20 {
+			put("issue_label", fmt.Sprintf("i%07d", g), fmt.Sprintf("l%02d", 1+(g*7+3)%20))
+		}
+	}
+	return out
+}
+
+// initialSync publishes a reset, the bench tables seeded with issues, and
+// records the upstream.
+func (e *env) initialSync(issues int) {
+	e.t.Helper()
+	v := e.nextWM()
+	e.version = v
+	resetSeq := e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: 0, Changes: []streams.Change{{
+		Op: streams.OpReset, Reset: &streams.Reset{ReplicaVersion: v, Publications: []string{"zpeer_pub"}, SystemID: "1", Slot: "s"},
+	}}}}})
+	num := 1
+	part := func(schema, table string, cs ...streams.Change) {
+		e.publish(&streams.Message{Schema: schema, Table: table, Parts: []streams.Part{{Watermark: v, Num: num, Changes: cs}}})
+		num++
+	}
+	rows := seedRows(issues)
+	for _, spec := range benchTables {
+		s := spec
+		part(s.Schema, s.Name, streams.Change{Op: streams.OpCreateTable, Spec: &s})
+		names := make([]string, len(s.Columns))
+		for i, c := range s.Columns {
+			names[i] = c.Name
+		}
+		rs := rows[s.Name]
+		for lo := 0; lo < len(rs); lo += 500 {
+			part(s.Schema, s.Name, streams.Change{Op: streams.OpBackfill, Columns: names, Rows: rs[lo:min(len(rs), lo+500)]})
+		}
+	}
+	for _, ix := range benchIndexes {
+		x := ix
+		part(x.Schema, x.TableName, streams.Change{Op: streams.OpCreateIndex, Index: &x})
+	}
+	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: num, Last: true, Changes: []streams.Change{}}}})
+	e.wm = v
+	b, _ := json.Marshal(streams.Upstream{SystemID: "1", Slot: "s", ReplicaVersion: v, Publications: []string{"zpeer_pub"}, ResetSeq: resetSeq, Complete: true})
+	if _, err := e.kv.Put(context.Background(), streams.KeyUpstream, b); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// tx publishes one transaction on schema.table and waits until the replica
+// has it.
+func (e *env) tx(schema, table string, cs ...streams.Change) {
+	e.t.Helper()
+	wm := e.nextWM()
+	e.publish(&streams.Message{Schema: schema, Table: table, Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Last: true, Changes: cs}}})
+	e.wm = wm
+	e.waitWM(wm)
+}
+
+// SQL the transcripts' notes run upstream, in the few forms they use.
+var (
+	insertRe = regexp.MustCompile(`^INSERT INTO "?(\w+)"? \(([^)]*)\) VALUES \((.*)\)$`)
+	updateRe = regexp.MustCompile(`^UPDATE "?(\w+)"? SET (.*) WHERE id = '([^']*)'$`)
+	deleteRe = regexp.MustCompile(`^DELETE FROM "?(\w+)"? WHERE id = '([^']*)'$`)
+)
+
+// execSQL applies a note's SQL as one upstream transaction.
+func (e *env) execSQL(sql string) {
+	e.t.Helper()
+	var table string
+	var cs []streams.Change
+	for _, st := range strings.Split(sql, ";") {
+		st = strings.TrimSpace(st)
+		if st == "" || st == "BEGIN" || st == "COMMIT" {
+			continue
+		}
+		switch {
+		case insertRe.MatchString(st):
+			m := insertRe.FindStringSubmatch(st)
+			table = m[1]
+			cols, vals := splitList(m[2]), splitList(m[3])
+			row := streams.Row{}
+			for i, c := range cols {
+				row[c] = sqlValue(e.t, vals[i])
+			}
+			cs = append(cs, streams.Change{Op: streams.OpInsert, New: row})
+		case updateRe.MatchString(st):
+			m := updateRe.FindStringSubmatch(st)
+			table = m[1]
+			// Columns left out are kept, as for an unchanged TOAST value.
+			row := streams.Row{"id": raw(m[3])}
+			for _, a := range splitList(m[2]) {
+				k, v, _ := strings.Cut(a, "=")
+				row[strings.TrimSpace(k)] = sqlValue(e.t, strings.TrimSpace(v))
+			}
+			cs = append(cs, streams.Change{Op: streams.OpUpdate, New: row})
+		case deleteRe.MatchString(st):
+			m := deleteRe.FindStringSubmatch(st)
+			table = m[1]
+			cs = append(cs, streams.Change{Op: streams.OpDelete, Old: streams.Row{"id": raw(m[2])}})
+		default:
+			e.t.Fatalf("unsupported SQL in transcript: %s", st)
+		}
+	}
+	e.tx("public", table, cs...)
+}
+
+// splitList splits on commas outside quotes and parentheses.
+func splitList(s string) []string {
+	var out []string
+	depth, quoted, start := 0, false, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\'':
+			quoted = !quoted
+		case quoted:
+		case c == '(':
+			depth++
+		case c == ')':
+			depth--
+		case c == ',' && depth == 0:
+			out = append(out, strings.TrimSpace(s[start:i]))
+			start = i + 1
+		}
+	}
+	return append(out, strings.TrimSpace(s[start:]))
+}
+
+func sqlValue(t testing.TB, v string) json.RawMessage {
+	t.Helper()
+	switch {
+	case strings.HasPrefix(v, "'"):
+		return raw(strings.ReplaceAll(strings.Trim(v, "'"), "''", "'"))
+	case v == "true" || v == "false" || v == "null":
+		return json.RawMessage(v)
+	case strings.HasPrefix(v, "to_timestamp("):
+		f, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimPrefix(v, "to_timestamp("), ")"), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw(f * 1000)
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("unsupported SQL value %s", v)
+	}
+	return raw(f)
+}

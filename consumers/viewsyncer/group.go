@@ -1,0 +1,627 @@
+package viewsyncer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jetsync/jetsync/consumers/zql"
+)
+
+// TTLs of desired queries (query-ast.md §10.1).
+const (
+	DefaultTTL = 5 * time.Minute
+	MaxTTL     = 10 * time.Minute
+)
+
+// partSize is how many patches go in one pokePart, as zero-cache flushes.
+const partSize = 100
+
+// lmidsQuery is the hash of the internal query for the group's rows of
+// <app>_<shard>.clients, which become lastMutationIDChanges.
+const lmidsQuery = "lmids"
+
+// group is a client group: its CVR, the pipelines that keep the CVR's got
+// queries up to date, and its connections. All its work is serialised by mu;
+// groups run in parallel.
+type group struct {
+	s   *Server
+	id  string
+	log *slog.Logger
+
+	mu  sync.Mutex
+	cvr *cvr
+	// broken is set when a sync failed halfway: the CVR no longer matches
+	// the pipelines, so the group is dropped and its clients start over.
+	broken    bool
+	pipelines map[string]*pipeline
+	// conns holds the newest connection of each client; ready ones get
+	// pokes.
+	conns map[string]*conn
+}
+
+// pipeline is a got query's evaluation state. This walking skeleton
+// re-hydrates the whole query when a table it reads changes; the bounded
+// incremental engine replaces it behind the same fields.
+type pipeline struct {
+	hash     string
+	internal bool
+	query    *zql.Query
+	schema   *schema
+	tables   map[string]bool
+	// rows holds the IDs of the rows the query syncs.
+	rows map[string]struct{}
+}
+
+// update is one change to the CVR: config-driven (clients and their desired
+// queries) or query-driven (hydrations, replica advances, evictions). It
+// remembers what it touched so that clients at its starting version get
+// exactly those patches.
+type update struct {
+	from, version string
+	query         bool
+
+	rowStart map[string]rowStart
+	rowOrder []string
+	rows     []string // IDs of rows whose patchVersion is version
+	queries  []string
+	desires  [][2]string // clientID, hash
+}
+
+type rowStart struct {
+	live    bool
+	version string
+	value   zql.Row
+}
+
+func (g *group) beginConfig() *update {
+	return &update{from: g.cvr.version, version: g.cvr.version}
+}
+
+// beginQuery starts a query-driven update at replica state version state:
+// the CVR moves to it if it is newer (server-model.md §4.1).
+func (g *group) beginQuery(state string) *update {
+	u := &update{from: g.cvr.version, version: g.cvr.version, query: true, rowStart: map[string]rowStart{}}
+	if state > stateOf(g.cvr.version) {
+		u.version = state
+	}
+	return u
+}
+
+// v is the update's new version, bumping the config version at the first
+// material change that needs one.
+func (u *update) v() string {
+	if u.version == u.from {
+		u.version = bumpConfig(u.from)
+	}
+	return u.version
+}
+
+func (u *update) touchRow(id string, rec *rowRecord) {
+	if _, ok := u.rowStart[id]; ok {
+		return
+	}
+	var st rowStart
+	if rec != nil && rec.refs != nil {
+		st = rowStart{live: true, version: rec.rowVersion, value: rec.value}
+	}
+	u.rowStart[id] = st
+	u.rowOrder = append(u.rowOrder, id)
+}
+
+func clampTTL(ms *float64) time.Duration {
+	if ms == nil {
+		return DefaultTTL
+	}
+	if *ms < 0 || *ms > float64(MaxTTL/time.Millisecond) {
+		return MaxTTL
+	}
+	return time.Duration(*ms) * time.Millisecond
+}
+
+// applyPatch applies one client's desiredQueriesPatch.
+func (g *group) applyPatch(u *update, clientID string, ops []queryPatchOp, asts map[string]*zql.AST, now time.Time) {
+	cr := g.cvr.clients[clientID]
+	for _, op := range ops {
+		switch op.Op {
+		case "put":
+			q := g.cvr.queries[op.Hash]
+			if q == nil {
+				q = &queryRecord{hash: op.Hash, ast: asts[op.Hash]}
+				g.cvr.queries[op.Hash] = q
+			} else if q.ast == nil {
+				q.ast = asts[op.Hash]
+			}
+			ttl := clampTTL(op.TTL)
+			d := cr.desired[op.Hash]
+			switch {
+			case d == nil || !d.active():
+				cr.desired[op.Hash] = &desire{ttl: max(ttl, ttlOf(d)), patchVersion: u.v()}
+				u.desires = append(u.desires, [2]string{clientID, op.Hash})
+			case ttl > d.ttl:
+				d.ttl = ttl
+			}
+		case "del":
+			if d := cr.desired[op.Hash]; d != nil && d.active() {
+				d.inactiveAt, d.patchVersion = now, u.v()
+				u.desires = append(u.desires, [2]string{clientID, op.Hash})
+			}
+		case "clear":
+			for hash, d := range cr.desired {
+				d.cleared = true
+				if d.active() {
+					d.inactiveAt, d.patchVersion = now, u.v()
+					u.desires = append(u.desires, [2]string{clientID, hash})
+				}
+			}
+		}
+	}
+}
+
+func ttlOf(d *desire) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return d.ttl
+}
+
+// deleteClient inactivates a client's queries with their TTLs and drops it
+// from the group (server-model.md §7).
+func (g *group) deleteClient(u *update, id string, now time.Time) {
+	cr := g.cvr.clients[id]
+	if cr == nil || cr.deleted {
+		return
+	}
+	for hash, d := range cr.desired {
+		if d.active() {
+			d.inactiveAt, d.patchVersion = now, u.v()
+			u.desires = append(u.desires, [2]string{id, hash})
+		}
+	}
+	cr.deleted = true
+	u.v()
+}
+
+// queryExpired reports whether no client keeps the query alive any more.
+func (g *group) queryExpired(hash string, now time.Time) bool {
+	for _, cr := range g.cvr.clients {
+		if d := cr.desired[hash]; d != nil && !d.expired(now) {
+			return false
+		}
+	}
+	return true
+}
+
+// nextEviction is when the earliest inactive query expires; zero if none.
+func (g *group) nextEviction(now time.Time) time.Time {
+	var next time.Time
+	for hash, p := range g.pipelines {
+		if p.internal {
+			continue
+		}
+		var latest time.Time
+		alive := false
+		for _, cr := range g.cvr.clients {
+			d := cr.desired[hash]
+			if d == nil || d.expired(now) {
+				continue
+			}
+			if d.active() {
+				alive = true
+				break
+			}
+			if at := d.inactiveAt.Add(d.ttl); at.After(latest) {
+				latest = at
+			}
+		}
+		switch {
+		case alive:
+		case latest.IsZero():
+			return now // expired already
+		case next.IsZero() || latest.Before(next):
+			next = latest
+		}
+	}
+	return next
+}
+
+// sync brings the pipelines in line with the CVR at snapshot snap: it
+// removes expired queries, hydrates missing ones, and re-hydrates those that
+// read a table in changed (all of them if changed is nil). Then it flushes
+// and pokes.
+func (g *group) sync(ctx context.Context, snap *snapshot, changed map[string]bool) error {
+	if snap == nil || snap.version == "" {
+		return nil
+	}
+	if err := g.syncLocked(ctx, snap, changed); err != nil {
+		g.broken = true
+		return err
+	}
+	return nil
+}
+
+func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed map[string]bool) error {
+	if changed != nil && stateOf(g.cvr.version) < snap.from {
+		// The pipelines missed changes before snap.from.
+		changed = nil
+	}
+	u := g.beginQuery(snap.version)
+	now := time.Now()
+
+	hashes := make([]string, 0, len(g.pipelines))
+	for h := range g.pipelines {
+		hashes = append(hashes, h)
+	}
+	sort.Strings(hashes)
+	for _, h := range hashes {
+		if p := g.pipelines[h]; !p.internal && g.queryExpired(h, now) {
+			g.removePipeline(u, p)
+		}
+	}
+	for _, h := range hashes {
+		p := g.pipelines[h]
+		if p == nil {
+			continue
+		}
+		if p.schema != snap.schema {
+			if err := p.recompile(snap.schema, g.astOf(h)); err != nil {
+				g.log.Warn("query no longer compiles; dropping it", "query", h, "err", err)
+				g.removePipeline(u, p)
+				continue
+			}
+		} else if changed != nil && !intersects(p.tables, changed) {
+			continue
+		}
+		if err := g.hydrate(ctx, u, snap, p); err != nil {
+			return err
+		}
+	}
+	var add []string
+	for h, q := range g.cvr.queries {
+		if _, ok := g.pipelines[h]; !ok && q.ast != nil && !q.internal && !g.queryExpired(h, now) {
+			add = append(add, h)
+		}
+	}
+	sort.Strings(add)
+	if _, ok := g.pipelines[lmidsQuery]; !ok {
+		if ast := g.s.lmidsAST(g.id, snap.schema); ast != nil {
+			g.cvr.queries[lmidsQuery] = &queryRecord{hash: lmidsQuery, ast: ast, internal: true}
+			add = append(add, lmidsQuery)
+		}
+	}
+	for _, h := range add {
+		q := g.cvr.queries[h]
+		p := &pipeline{hash: h, internal: q.internal, rows: map[string]struct{}{}}
+		if err := p.recompile(snap.schema, q.ast); err != nil {
+			// Checked on arrival; only a schema change gets here.
+			g.log.Warn("query does not compile", "query", h, "err", err)
+			continue
+		}
+		g.pipelines[h] = p
+		if !q.internal {
+			q.got, q.everGot, q.patchVersion = true, true, u.v()
+			u.queries = append(u.queries, h)
+		}
+		if err := g.hydrate(ctx, u, snap, p); err != nil {
+			return err
+		}
+	}
+	g.finishRows(u, changed == nil)
+	if g.cvr.replicaVersion == "" {
+		g.cvr.replicaVersion = snap.replicaVersion
+	}
+	return g.flush(ctx, u)
+}
+
+func (g *group) astOf(hash string) *zql.AST {
+	if q := g.cvr.queries[hash]; q != nil {
+		return q.ast
+	}
+	return nil
+}
+
+func (p *pipeline) recompile(s *schema, ast *zql.AST) error {
+	q, err := zql.Compile(s.zql, ast)
+	if err != nil {
+		return err
+	}
+	p.query, p.schema, p.tables = q, s, astTables(ast, nil)
+	return nil
+}
+
+func (g *group) removePipeline(u *update, p *pipeline) {
+	for id := range p.rows {
+		rec := g.cvr.rows[id]
+		u.touchRow(id, rec)
+		delete(rec.refs, p.hash)
+	}
+	delete(g.pipelines, p.hash)
+	if q := g.cvr.queries[p.hash]; q != nil && q.got {
+		q.got, q.patchVersion = false, u.v()
+		u.queries = append(u.queries, p.hash)
+	}
+}
+
+// hydrate evaluates p on snap and moves the CVR's references to its new
+// result.
+func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
+	res, err := p.query.Hydrate(ctx, snap.tx)
+	if err != nil {
+		return fmt.Errorf("hydrate %s: %w", p.hash, err)
+	}
+	tables := make([]string, 0, len(res.Rows))
+	for t := range res.Rows {
+		tables = append(tables, t)
+	}
+	sort.Strings(tables)
+	now := make(map[string]struct{}, res.Len())
+	for _, table := range tables {
+		pk := snap.schema.tables[table].pk
+		for i, r := range res.Rows[table] {
+			id, key, err := rowID(table, pk, r)
+			if err != nil {
+				return err
+			}
+			if _, dup := now[id]; dup {
+				continue
+			}
+			now[id] = struct{}{}
+			rec := g.cvr.rows[id]
+			u.touchRow(id, rec)
+			if rec == nil {
+				rec = &rowRecord{table: table, id: key}
+				g.cvr.rows[id] = rec
+			}
+			if rec.refs == nil {
+				rec.refs = map[string]int{}
+			}
+			rec.refs[p.hash] = 1
+			rec.value, rec.rowVersion = r, res.Versions[table][i]
+		}
+	}
+	for id := range p.rows {
+		if _, ok := now[id]; !ok {
+			rec := g.cvr.rows[id]
+			u.touchRow(id, rec)
+			delete(rec.refs, p.hash)
+		}
+	}
+	p.rows = now
+	return nil
+}
+
+// finishRows turns the update's reference changes into row patches: a put
+// for a row that appeared or changed, a del (and a tombstone) for one no got
+// query holds any more (server-model.md §4.3).
+func (g *group) finishRows(u *update, compareValues bool) {
+	for _, id := range u.rowOrder {
+		st, rec := u.rowStart[id], g.cvr.rows[id]
+		live := len(rec.refs) > 0
+		switch {
+		case live && (!st.live || rec.rowVersion != st.version || compareValues && !reflect.DeepEqual(rec.value, st.value)):
+			rec.patchVersion = u.v()
+			u.rows = append(u.rows, id)
+		case !live && st.live:
+			rec.refs, rec.patchVersion = nil, u.v()
+			u.rows = append(u.rows, id)
+		case !live && rec.patchVersion == "":
+			delete(g.cvr.rows, id) // never sent
+		case !live:
+			rec.refs = nil
+		}
+	}
+}
+
+// flush commits u and pokes the clients.
+func (g *group) flush(ctx context.Context, u *update) error {
+	g.cvr.version = u.version
+	if err := g.s.store.flush(ctx, g.cvr, u); err != nil {
+		return fmt.Errorf("flush cvr: %w", err)
+	}
+	g.poke(u)
+	return nil
+}
+
+// poke sends each ready connection one poke to the CVR's version: the
+// update's patches to those at its starting version, a catch-up from their
+// cookie to the others, and an empty poke to a connection not yet poked
+// (sync-protocol.md §7.2).
+func (g *group) poke(u *update) {
+	v := g.cvr.version
+	var delta *pokeContent
+	for _, c := range g.sortedConns() {
+		if !c.ready || c.hasBase && c.base > v || c.hasBase && c.base == v && c.everPoked {
+			continue
+		}
+		var pc *pokeContent
+		if c.hasBase == (u.from != "") && c.base == u.from {
+			if delta == nil {
+				delta = g.delta(u)
+			}
+			pc = delta
+		} else {
+			pc = g.catchup(c.base, c.hasBase)
+		}
+		g.s.metrics.pokes.Inc()
+		if err := c.sendPoke(c.base, c.hasBase, v, pc); err != nil {
+			c.fail(newProtocolError(kindInternal, "%v", err))
+			continue
+		}
+		c.base, c.hasBase, c.everPoked = v, true, true
+	}
+}
+
+func (g *group) sortedConns() []*conn {
+	out := make([]*conn, 0, len(g.conns))
+	for _, c := range g.conns {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].clientID < out[j].clientID })
+	return out
+}
+
+// pokeContent is what one poke carries.
+type pokeContent struct {
+	desired map[string][]queryPatch
+	got     []queryPatch
+	rows    []rowPatch
+	lmids   map[string]float64
+}
+
+func (pc *pokeContent) empty() bool {
+	return len(pc.desired) == 0 && len(pc.got) == 0 && len(pc.rows) == 0 && len(pc.lmids) == 0
+}
+
+func (g *group) delta(u *update) *pokeContent {
+	pc := &pokeContent{}
+	for _, k := range u.desires {
+		if d := g.cvr.clients[k[0]].desired[k[1]]; d != nil && d.patchVersion == u.version {
+			pc.addDesire(k[0], k[1], d)
+		}
+	}
+	for _, h := range u.queries {
+		if q := g.cvr.queries[h]; q != nil && q.patchVersion == u.version {
+			pc.addQuery(q)
+		}
+	}
+	for _, id := range u.rows {
+		if rec := g.cvr.rows[id]; rec != nil && rec.patchVersion == u.version {
+			g.addRow(pc, rec)
+		}
+	}
+	return pc
+}
+
+// catchup is everything that changed after base (sync-protocol.md §6.4);
+// with no base, everything there is.
+func (g *group) catchup(base string, hasBase bool) *pokeContent {
+	pc := &pokeContent{}
+	newer := func(pv string) bool { return pv != "" && (!hasBase || pv > base) }
+	for _, cr := range g.cvr.clients {
+		if cr.deleted && !hasBase {
+			continue
+		}
+		for h, d := range cr.desired {
+			if newer(d.patchVersion) && (hasBase || d.active()) {
+				pc.addDesire(cr.id, h, d)
+			}
+		}
+	}
+	for _, q := range g.cvr.queries {
+		if !q.internal && q.everGot && newer(q.patchVersion) && (hasBase || q.got) {
+			pc.addQuery(q)
+		}
+	}
+	for _, rec := range g.cvr.rows {
+		if newer(rec.patchVersion) && (hasBase || rec.refs != nil) {
+			g.addRow(pc, rec)
+		}
+	}
+	return pc
+}
+
+func (pc *pokeContent) addDesire(clientID, hash string, d *desire) {
+	if pc.desired == nil {
+		pc.desired = map[string][]queryPatch{}
+	}
+	op := "put"
+	if !d.active() {
+		op = "del"
+	}
+	pc.desired[clientID] = append(pc.desired[clientID], queryPatch{Op: op, Hash: hash})
+}
+
+func (pc *pokeContent) addQuery(q *queryRecord) {
+	op := "put"
+	if !q.got {
+		op = "del"
+	}
+	pc.got = append(pc.got, queryPatch{Op: op, Hash: q.hash})
+}
+
+// addRow adds a row's patch; rows of the internal clients table become
+// lastMutationIDChanges (sync-protocol.md §8).
+func (g *group) addRow(pc *pokeContent, rec *rowRecord) {
+	if rec.table == g.s.clientsTable {
+		if rec.refs == nil {
+			return
+		}
+		cid, _ := rec.value["clientID"].(string)
+		lmid, ok := rec.value["lastMutationID"].(float64)
+		if cgid, _ := rec.value["clientGroupID"].(string); cid == "" || !ok || cgid != g.id {
+			return
+		}
+		if pc.lmids == nil {
+			pc.lmids = map[string]float64{}
+		}
+		pc.lmids[cid] = lmid
+		return
+	}
+	if rec.refs == nil {
+		pc.rows = append(pc.rows, rowPatch{Op: "del", TableName: rec.table, ID: rec.id})
+		return
+	}
+	pc.rows = append(pc.rows, rowPatch{Op: "put", TableName: rec.table, Value: rec.value})
+}
+
+// rowID is a row's identity in the CVR: its table and primary-key values.
+func rowID(table string, pk []string, r zql.Row) (string, map[string]any, error) {
+	if len(pk) == 1 {
+		// The common key: one string, which JSON would quote.
+		if s, ok := r[pk[0]].(string); ok {
+			return table + "\x00\"" + s, map[string]any{pk[0]: s}, nil
+		}
+	}
+	key := make(map[string]any, len(pk))
+	vals := make([]any, len(pk))
+	for i, c := range pk {
+		key[c], vals[i] = r[c], r[c]
+	}
+	b, err := json.Marshal(vals)
+	if err != nil {
+		return "", nil, fmt.Errorf("row key of %s: %w", table, err)
+	}
+	return table + "\x00" + string(b), key, nil
+}
+
+func intersects(a, b map[string]bool) bool {
+	for t := range b {
+		if a[t] {
+			return true
+		}
+	}
+	return false
+}
+
+// astTables adds the tables an AST reads to into.
+func astTables(a *zql.AST, into map[string]bool) map[string]bool {
+	if into == nil {
+		into = map[string]bool{}
+	}
+	if a == nil {
+		return into
+	}
+	into[a.Table] = true
+	for i := range a.Related {
+		astTables(a.Related[i].Subquery, into)
+	}
+	condTables(a.Where, into)
+	return into
+}
+
+func condTables(c *zql.Condition, into map[string]bool) {
+	if c == nil {
+		return
+	}
+	for i := range c.Conditions {
+		condTables(&c.Conditions[i], into)
+	}
+	if c.Related != nil {
+		astTables(c.Related.Subquery, into)
+	}
+}

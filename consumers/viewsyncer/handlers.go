@@ -1,0 +1,255 @@
+package viewsyncer
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/jetsync/jetsync/consumers/zql"
+)
+
+// attach registers c as its client's connection; an older one is closed
+// (the newest wins, sync-protocol.md §2.4).
+func (g *group) attach(c *conn, authenticated bool) *protocolError {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cvr.userID != "" && c.userID != g.cvr.userID {
+		return authError(kindUnauthorized, "Client groups are pinned to a single userID. Client group "+g.id+
+			" is pinned to userID "+g.cvr.userID+", but this connection is for userID "+c.userID+".")
+	}
+	if authenticated && g.cvr.userID == "" {
+		g.cvr.userID = c.userID
+	}
+	if old := g.conns[c.clientID]; old != nil {
+		old.ready = false
+		old.closeQuietly()
+	}
+	g.conns[c.clientID] = c
+	return nil
+}
+
+func (g *group) detach(c *conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.conns[c.clientID] == c {
+		delete(g.conns, c.clientID)
+	}
+}
+
+// current reports whether c is still its client's connection.
+func (g *group) current(c *conn) bool { return g.conns[c.clientID] == c }
+
+// initConnection registers the client and its queries, then catches it up
+// (server-model.md §5.2).
+func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectionBody) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.current(c) {
+		return nil
+	}
+	if c.ready {
+		return newProtocolError(kindInvalidMessage, "initConnection already received")
+	}
+	if v := g.cvr.version; c.hasBase {
+		switch {
+		case (v == "" || v == initialStateVersion) && c.base > initialStateVersion:
+			return newProtocolError(kindClientNotFound, "Client not found")
+		case c.base > v:
+			return newProtocolError(kindInvalidConnectionBaseCookie, "CVR is at version %s", v)
+		}
+	}
+	schemaRaw := body.ClientSchema
+	switch {
+	case g.cvr.clientSchema == nil && len(schemaRaw) == 0:
+		return newProtocolError(kindInvalidConnectionRequest, "The initConnection message for a new client group must include client schema.")
+	case g.cvr.clientSchema != nil && len(schemaRaw) > 0 && !sameJSON(g.cvr.clientSchema, schemaRaw):
+		return newProtocolError(kindInvalidConnectionRequest, "Provided schema does not match previous schema.")
+	case len(schemaRaw) == 0:
+		schemaRaw = g.cvr.clientSchema
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil {
+		return err
+	}
+	if snap != nil {
+		defer snap.close()
+		if err := checkClientSchema(schemaRaw, snap.schema); err != nil {
+			return err
+		}
+	}
+	asts, err := parseASTs(body.DesiredQueriesPatch, snap)
+	if err != nil {
+		return err
+	}
+	if err := g.catchUpTo(ctx, snap); err != nil {
+		return err
+	}
+	now := time.Now()
+	u := g.beginConfig()
+	if g.cvr.clientSchema == nil {
+		g.cvr.clientSchema = schemaRaw
+		u.v()
+	}
+	if cr := g.cvr.clients[c.clientID]; cr == nil || cr.deleted {
+		g.cvr.clients[c.clientID] = &clientRecord{id: c.clientID, desired: map[string]*desire{}}
+		u.v()
+	}
+	g.applyPatch(u, c.clientID, body.DesiredQueriesPatch, asts, now)
+	if body.ActiveClients != nil {
+		for id := range g.cvr.clients {
+			if id != c.clientID && !slices.Contains(body.ActiveClients, id) {
+				g.deleteClient(u, id, now)
+			}
+		}
+	}
+	var deleted []string
+	if body.Deleted != nil {
+		deleted = body.Deleted.ClientIDs
+		for _, id := range deleted {
+			if id != c.clientID {
+				g.deleteClient(u, id, now)
+			}
+		}
+	}
+	c.ready = true
+	if err := g.finishConfig(ctx, u, snap); err != nil {
+		return err
+	}
+	g.ackDeletes(deleted)
+	return nil
+}
+
+// catchUpTo brings an existing group's rows to snap before a config change,
+// as zero-cache's view-syncer keeps advancing while loaded: a returning
+// client's catch-up then carries the config and row changes in one poke.
+func (g *group) catchUpTo(ctx context.Context, snap *snapshot) error {
+	if snap == nil || g.cvr.version == "" || snap.version <= stateOf(g.cvr.version) {
+		return nil
+	}
+	return g.syncAt(ctx, snap)
+}
+
+// finishConfig flushes a config update, poking only if it changed
+// something, then syncs the queries, which pokes every connection that
+// still needs one. So a reconnecting client gets one catch-up poke.
+func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot) error {
+	changed := u.version != u.from
+	if changed {
+		if err := g.flush(ctx, u); err != nil {
+			return err
+		}
+	}
+	if snap != nil {
+		return g.syncAt(ctx, snap)
+	}
+	if !changed {
+		g.poke(u)
+	}
+	return nil
+}
+
+func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPatchOp) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.current(c) {
+		return nil
+	}
+	if !c.ready {
+		return newProtocolError(kindInvalidMessage, "changeDesiredQueries before initConnection")
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil {
+		return err
+	}
+	if snap != nil {
+		defer snap.close()
+	}
+	asts, err := parseASTs(ops, snap)
+	if err != nil {
+		return err
+	}
+	if err := g.catchUpTo(ctx, snap); err != nil {
+		return err
+	}
+	u := g.beginConfig()
+	g.applyPatch(u, c.clientID, ops, asts, time.Now())
+	return g.finishConfig(ctx, u, snap)
+}
+
+func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.current(c) {
+		return nil
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil {
+		return err
+	}
+	if snap != nil {
+		defer snap.close()
+	}
+	if err := g.catchUpTo(ctx, snap); err != nil {
+		return err
+	}
+	u := g.beginConfig()
+	now := time.Now()
+	for _, id := range ids {
+		if id != c.clientID {
+			g.deleteClient(u, id, now)
+		}
+	}
+	if err := g.finishConfig(ctx, u, snap); err != nil {
+		return err
+	}
+	g.ackDeletes(ids)
+	return nil
+}
+
+// ackDeletes tells every client of the group which clients are gone.
+func (g *group) ackDeletes(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	b, err := encodeFrame("deleteClients", deletedClients{ClientIDs: ids})
+	if err != nil {
+		return
+	}
+	for _, c := range g.conns {
+		if c.ready {
+			c.enqueue(b)
+		}
+	}
+}
+
+// parseASTs parses the ASTs of a patch's puts, and compiles them against
+// the replica when there is one, so that a bad query is refused up front.
+func parseASTs(ops []queryPatchOp, snap *snapshot) (map[string]*zql.AST, error) {
+	asts := map[string]*zql.AST{}
+	for _, op := range ops {
+		if op.Op != "put" || len(op.AST) == 0 {
+			continue
+		}
+		ast, err := zql.ParseAST(op.AST)
+		if err != nil {
+			return nil, newProtocolError(kindInvalidMessage, "query %s: %v", op.Hash, err)
+		}
+		if snap != nil {
+			if _, err := zql.Compile(snap.schema.zql, ast); err != nil {
+				return nil, newProtocolError(kindInvalidMessage, "query %s: %v", op.Hash, err)
+			}
+		}
+		asts[op.Hash] = ast
+	}
+	return asts, nil
+}
+
+func sameJSON(a, b json.RawMessage) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	return reflect.DeepEqual(x, y)
+}

@@ -1,0 +1,444 @@
+// Package viewsyncer is jetsync's view-syncer: it speaks the Zero sync
+// protocol, version 51 (../../../shared/spec/sync-protocol.md), to
+// @rocicorp/zero clients over websockets, answering their AST queries from
+// the SQLite replica that a replica.Consumer keeps, and poking them as the
+// replica advances.
+//
+// Each client group has a CVR (cvr.go) and a set of pipelines (group.go);
+// all of a group's work is serialised by its lock. Run follows the
+// replica's subscription and advances every group; connections (conn.go)
+// drive the groups' config changes.
+package viewsyncer
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	_ "modernc.org/sqlite" // the replica's driver
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/zql"
+	projreplica "github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// Defaults.
+const (
+	// DefaultMaxPayloadBytes is zero-cache's ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES.
+	DefaultMaxPayloadBytes = 10 << 20
+	// DefaultMaxQueueBytes bounds what waits to be written to one socket; a
+	// client that falls further behind is closed and catches up on
+	// reconnect. It fits a whole hydration of the bench's issue table.
+	DefaultMaxQueueBytes = 64 << 20
+	// DefaultReadConns is the size of the replica read pool.
+	DefaultReadConns = 8
+)
+
+// evictInterval is how often Run looks for queries whose TTL ran out.
+const evictInterval = 50 * time.Millisecond
+
+// Config configures a Server.
+type Config struct {
+	// ReplicaFile is the SQLite replica Replica keeps.
+	ReplicaFile string
+	// Replica tells the server when the replica advances.
+	Replica *replica.Consumer
+	// Shard names the app's internal tables (<app>_<num>.clients).
+	Shard streams.Shard
+	// AuthSecret is ZERO_AUTH_SECRET: when set, tokens are verified as
+	// HS256/384/512 JWTs with it.
+	AuthSecret string
+	// AuthIssuer and AuthAudience are ZERO_AUTH_ISSUER and
+	// ZERO_AUTH_AUDIENCE, checked when set.
+	AuthIssuer, AuthAudience string
+	// MaxPayloadBytes defaults to DefaultMaxPayloadBytes.
+	MaxPayloadBytes int64
+	// MaxQueueBytes defaults to DefaultMaxQueueBytes.
+	MaxQueueBytes int
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer, if set, gets the server's metrics.
+	Registerer prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if c.MaxQueueBytes == 0 {
+		c.MaxQueueBytes = DefaultMaxQueueBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate checks c (after defaults).
+func (c Config) Validate() error {
+	if c.ReplicaFile == "" {
+		return errors.New("replica file is required")
+	}
+	if c.Replica == nil {
+		return errors.New("replica consumer is required")
+	}
+	if err := c.Shard.Validate(); err != nil {
+		return err
+	}
+	if c.MaxPayloadBytes < 1 || c.MaxQueueBytes < 1 {
+		return errors.New("max payload and queue bytes must be positive")
+	}
+	return nil
+}
+
+// Server is the view-syncer.
+type Server struct {
+	cfg          Config
+	log          *slog.Logger
+	db           *sql.DB
+	store        cvrStore
+	metrics      *metrics
+	clientsTable string
+
+	mu     sync.Mutex
+	groups map[string]*group
+	schema *schema // last loaded
+}
+
+// New returns a Server; Run follows the replica, Handler serves clients.
+func New(cfg Config) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", "file:"+cfg.ReplicaFile+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		return nil, fmt.Errorf("open replica: %w", err)
+	}
+	db.SetMaxOpenConns(DefaultReadConns)
+	return &Server{
+		cfg:          cfg,
+		log:          cfg.Logger.With("component", "view-syncer"),
+		db:           db,
+		store:        newMemStore(),
+		metrics:      m,
+		clientsTable: projreplica.TableName(cfg.Shard.ID(), "clients"),
+		groups:       map[string]*group{},
+	}, nil
+}
+
+// Close releases the replica connections.
+func (s *Server) Close() error { return s.db.Close() }
+
+// Patterns are the http.ServeMux patterns to mount Handler on: zero-cache's
+// [/<base>]/sync/v<N>/<action> (sync-protocol.md §2.1).
+var Patterns = []string{"/sync/{version}/{action}", "/{base}/sync/{version}/{action}"}
+
+// Handler serves the sync endpoint; mount it on Patterns. Any protocol
+// version other than 30..51 gets VersionNotSupported, and paths that are not
+// [/<base>]/sync/v<N>/<action> get 404.
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
+
+// Run follows the replica and advances every client group, and evicts
+// queries whose TTL ran out, until ctx ends. It then closes every
+// connection, which reconnect elsewhere or later.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.closeAll()
+	sub := s.cfg.Replica.Subscribe()
+	defer sub.Close()
+	errc := make(chan error, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { errc <- s.evictLoop(ctx) }()
+	for {
+		u, err := sub.Next(ctx)
+		if err != nil {
+			cancel()
+			<-errc
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("replica subscription: %w", err)
+		}
+		if err := s.advance(ctx, sub, u); err != nil {
+			if ctx.Err() != nil {
+				cancel()
+				<-errc
+				return nil
+			}
+			s.log.Error("advance", "err", err)
+		}
+	}
+}
+
+// advance opens a snapshot at u.To (taking in later updates until the
+// snapshot and the updates agree) and advances each group to it.
+func (s *Server) advance(ctx context.Context, sub *replica.Subscription, u replica.Update) error {
+	changed := map[string]bool{}
+	addChanges := func(u replica.Update) {
+		for _, rc := range u.Changes {
+			changed[rc.Table] = true
+		}
+	}
+	addChanges(u)
+	reset := u.Reset
+	for {
+		snap, err := s.openSnapshot(ctx)
+		if err != nil {
+			return err
+		}
+		if snap == nil {
+			return nil
+		}
+		if snap.version == u.To || reset {
+			snap.from = u.From
+			if reset {
+				changed = nil
+			}
+			defer snap.close()
+			s.metrics.advances.Inc()
+			for _, g := range s.groupList() {
+				if err := g.advance(ctx, snap, changed); err != nil {
+					if ctx.Err() != nil {
+						return err
+					}
+					g.log.Error("advance group", "err", err)
+				}
+			}
+			return nil
+		}
+		snap.close()
+		// The snapshot saw commits the subscription has not told yet: they
+		// are published right after commit, so Next returns soon.
+		next, err := sub.Next(ctx)
+		if err != nil {
+			return err
+		}
+		addChanges(next)
+		reset = reset || next.Reset
+		u.To = next.To
+	}
+}
+
+func (s *Server) evictLoop(ctx context.Context) error {
+	t := time.NewTicker(evictInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			for _, g := range s.groupList() {
+				if err := g.evict(ctx, now); err != nil && ctx.Err() == nil {
+					g.log.Error("evict", "err", err)
+				}
+			}
+		}
+	}
+}
+
+func (s *Server) groupList() []*group {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*group, 0, len(s.groups))
+	for _, g := range s.groups {
+		out = append(out, g)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+func (s *Server) closeAll() {
+	for _, g := range s.groupList() {
+		g.mu.Lock()
+		for _, c := range g.conns {
+			c.closeQuietly()
+		}
+		g.mu.Unlock()
+	}
+}
+
+// group returns the client group id, loading or creating it.
+func (s *Server) group(ctx context.Context, id string) (*group, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.groups[id]; g != nil {
+		return g, nil
+	}
+	c, err := s.store.load(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("load cvr %s: %w", id, err)
+	}
+	if c == nil {
+		c = newCVR(id)
+	}
+	g := &group{
+		s: s, id: id, log: s.log.With("client_group", id), cvr: c,
+		pipelines: map[string]*pipeline{}, conns: map[string]*conn{},
+	}
+	s.groups[id] = g
+	return g, nil
+}
+
+// snapshot is one consistent read of the replica.
+type snapshot struct {
+	tx             *sql.Tx
+	version        string
+	replicaVersion string
+	schema         *schema
+	// from is where the changes an advance reports start; pipelines at an
+	// older version must re-hydrate fully.
+	from string
+}
+
+func (sn *snapshot) close() { _ = sn.tx.Rollback() }
+
+// openSnapshot opens a read transaction on the replica; nil means there is
+// no replica yet.
+func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
+	if s.cfg.Replica.State().Watermark == "" {
+		return nil, nil
+	}
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("begin replica read: %w", err)
+	}
+	st, err := projreplica.LoadState(ctx, tx)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	if st.Watermark == "" {
+		_ = tx.Rollback()
+		return nil, nil
+	}
+	s.mu.Lock()
+	prev := s.schema
+	s.mu.Unlock()
+	sch, err := loadSchema(ctx, tx, prev)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.schema = sch
+	s.mu.Unlock()
+	return &snapshot{tx: tx, version: st.Watermark, replicaVersion: st.ReplicaVersion, schema: sch, from: st.Watermark}, nil
+}
+
+// lmidsAST is the internal query for a group's rows of the clients table,
+// or nil when the replica has no such table.
+func (s *Server) lmidsAST(groupID string, sch *schema) *zql.AST {
+	ts, ok := sch.tables[s.clientsTable]
+	if !ok {
+		return nil
+	}
+	need := map[string]bool{"clientGroupID": true, "clientID": true, "lastMutationID": true}
+	for _, c := range ts.columns {
+		delete(need, c.Name)
+	}
+	if len(need) > 0 {
+		return nil
+	}
+	b, _ := json.Marshal(map[string]any{
+		"table": s.clientsTable,
+		"where": map[string]any{
+			"type":  "simple",
+			"op":    "=",
+			"left":  map[string]any{"type": "column", "name": "clientGroupID"},
+			"right": map[string]any{"type": "literal", "value": groupID},
+		},
+	})
+	ast, err := zql.ParseAST(b)
+	if err != nil {
+		return nil
+	}
+	return ast
+}
+
+// advance moves the group to snap, re-hydrating the queries that read a
+// changed table (all of them when changed is nil). Groups without
+// connections wait: they re-hydrate when a client returns.
+func (g *group) advance(ctx context.Context, snap *snapshot, changed map[string]bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.hasReady() || snap.version <= stateOf(g.cvr.version) {
+		return nil
+	}
+	err := g.sync(ctx, snap, changed)
+	g.dropIfBroken()
+	return err
+}
+
+// dropIfBroken forgets a group whose sync failed halfway. Its clients are
+// sent away with Rehome; when they return, the group is unknown and they
+// start over (ClientNotFound), as after a lost CVR.
+func (g *group) dropIfBroken() {
+	if !g.broken {
+		return
+	}
+	g.s.dropGroup(g)
+	for _, c := range g.conns {
+		c.ready = false
+		c.fail(newProtocolError(kindRehome, "Reconnect required"))
+	}
+}
+
+func (s *Server) dropGroup(g *group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.groups[g.id] == g {
+		delete(s.groups, g.id)
+	}
+	s.store.drop(g.id)
+}
+
+// evict removes the queries whose TTL ran out.
+func (g *group) evict(ctx context.Context, now time.Time) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.hasReady() {
+		return nil
+	}
+	next := g.nextEviction(now)
+	if next.IsZero() || next.After(now) {
+		return nil
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil || snap == nil {
+		return err
+	}
+	defer snap.close()
+	err = g.syncAt(ctx, snap)
+	g.dropIfBroken()
+	return err
+}
+
+// syncAt syncs the group at a fresh snapshot: only query-set changes,
+// unless the snapshot is newer than the group's rows.
+func (g *group) syncAt(ctx context.Context, snap *snapshot) error {
+	snap.from = snap.version
+	return g.sync(ctx, snap, map[string]bool{})
+}
+
+func (g *group) hasReady() bool {
+	for _, c := range g.conns {
+		if c.ready {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,41 @@
+package viewsyncer
+
+import (
+	"strings"
+
+	"github.com/jetsync/jetsync/streams"
+)
+
+// Versions are CVR versions in their cookie form (sync-protocol.md §6.3):
+// "<stateVersion>" or "<stateVersion>:<lexi(configVersion)>". With the
+// replica's lexi watermarks as state versions, string order is version
+// order, so they are compared as strings, exactly as the client compares
+// cookies. "" stands for null: no version yet.
+
+// initialStateVersion is a new CVR's state version.
+const initialStateVersion = "00"
+
+// stateOf is v's state version.
+func stateOf(v string) string {
+	if i := strings.IndexByte(v, ':'); i >= 0 {
+		return v[:i]
+	}
+	return v
+}
+
+// bumpConfig is the version after a change made at state version stateOf(v)
+// without a database change.
+func bumpConfig(v string) string {
+	if v == "" {
+		return initialStateVersion + ":" + streams.Lexi(1)
+	}
+	st, cfg := v, uint64(0)
+	if i := strings.IndexByte(v, ':'); i >= 0 {
+		st = v[:i]
+		n, err := streams.ParseLexi(v[i+1:])
+		if err == nil {
+			cfg = n
+		}
+	}
+	return st + ":" + streams.Lexi(cfg+1)
+}

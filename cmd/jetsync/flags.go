@@ -4,6 +4,7 @@ import (
 	"flag"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/jetsync/jetsync/streams"
 )
@@ -43,21 +44,25 @@ func (r *roleFlags) replica(dataDir, def string) string {
 // upstreamFlags are the settings of the roles that run the change-streamer,
 // which also defines the stream.
 type upstreamFlags struct {
-	upstreamDB     string
-	publications   string
-	copyWorkers    int
-	streamReplicas int
+	upstreamDB       string
+	publications     string
+	copyWorkers      int
+	streamReplicas   int
+	streamDuplicates time.Duration
 }
 
 func (u *upstreamFlags) validate() error {
 	if u.streamReplicas < 1 || u.streamReplicas > 5 {
 		return usageError("stream replicas %d: want 1 to 5", u.streamReplicas)
 	}
+	if u.streamDuplicates < 0 {
+		return usageError("stream duplicates window %s: must not be negative", u.streamDuplicates)
+	}
 	return nil
 }
 
 func (u *upstreamFlags) streamConfig(shard streams.Shard) streams.Config {
-	return streams.Config{Shard: shard, Replicas: u.streamReplicas}
+	return streams.Config{Shard: shard, Replicas: u.streamReplicas, Duplicates: u.streamDuplicates}
 }
 
 func (u *upstreamFlags) register(fs *flag.FlagSet, e *env, usage string) {
@@ -66,6 +71,7 @@ func (u *upstreamFlags) register(fs *flag.FlagSet, e *env, usage string) {
 	fs.StringVar(&u.publications, "app-publications", e.str("ZERO_APP_PUBLICATIONS", ""), "comma-separated publications to replicate; default one covering the public schema [ZERO_APP_PUBLICATIONS]")
 	fs.IntVar(&u.copyWorkers, "initial-sync-table-copy-workers", e.int("ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS", 0), "parallel table copies of an initial sync; 0 means the default (5) [ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS]")
 	fs.IntVar(&u.streamReplicas, "stream-replicas", e.int("JETSYNC_STREAM_REPLICAS", 1), "JetStream replicas of the change stream and state bucket: 1 on one server, 3 on a cluster [JETSYNC_STREAM_REPLICAS]")
+	fs.DurationVar(&u.streamDuplicates, "stream-duplicates", e.duration("JETSYNC_STREAM_DUPLICATES", streams.DefaultDuplicates), "the change stream's JetStream dedup window; exactly-once does not rest on it [JETSYNC_STREAM_DUPLICATES]")
 }
 
 func (u *upstreamFlags) publicationList() []string {

@@ -778,6 +778,43 @@ func TestSource_BigTransaction(t *testing.T) {
 	}
 }
 
+// TestSource_ResumeAtCommitPart stops the producer with a multi-table
+// transaction's data parts in the stream but not its commit part, which the
+// commit itself emits along with the last data part: the next session must
+// publish the commit part alone.
+func TestSource_ResumeAtCommitPart(t *testing.T) {
+	e := newEnv(t, `CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY)`)
+	e.run(t)
+	e.waitSynced(t, "")
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, shard.ChangesStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.MaxMsgs = int64(info.State.Msgs) + 2 // parts 0 and 1, not the commit part 2
+	cfg.Discard = jetstream.DiscardNew
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, `WITH x AS (INSERT INTO b VALUES (1)) INSERT INTO a VALUES (1, 'y')`)
+	e.exec(t, `INSERT INTO a VALUES (2, 'after')`)
+	txs := e.waitTxs(t, 3)
+	if n := len(txs[1].msgs); n != 3 {
+		t.Errorf("the two-table transaction is in %d messages; want 3", n)
+	}
+	if ids := inserted(txs, "a"); !slices.Equal(ids, []int{1, 2}) {
+		t.Errorf("inserts into a: %v; want [1 2]", ids)
+	}
+	if ids := inserted(txs, "b"); !slices.Equal(ids, []int{1}) {
+		t.Errorf("inserts into b: %v; want [1]", ids)
+	}
+}
+
 func TestSource_Reset(t *testing.T) {
 	outer := t // a Source started in a subtest outlives it
 	e := newEnv(t, `CREATE TABLE a (id int PRIMARY KEY)`)

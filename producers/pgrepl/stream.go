@@ -119,7 +119,7 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 	pk := &packer{shard: s.cfg.Shard, prev: pos.prev}
 	ticker := time.NewTicker(statusInterval)
 	defer ticker.Stop()
-	var inTx, skip bool
+	var inTx, skip, resumed bool
 	for {
 		okc, errc := pub.ackChans()
 		select {
@@ -150,9 +150,9 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 					break
 				}
 				pk.commit(ev.ms, ev.end)
-				if ev.wm == pos.resumeWM {
-					pos.resumePart = allParts
-				}
+				// The commit emits the last data part too, which may be
+				// in the stream already: stop skipping after the take.
+				resumed = ev.wm == pos.resumeWM
 			case evKeepalive:
 				if !inTx && !pos.partial() && pub.idle() && len(pk.done) == 0 && ev.end > pub.confirmed {
 					// Nothing of ours before the server's WAL end is
@@ -173,6 +173,9 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 				if err := pub.publish(m); err != nil {
 					return err
 				}
+			}
+			if resumed {
+				pos.resumePart, resumed = allParts, false
 			}
 		case ack := <-okc:
 			if err := pub.acked(ack); err != nil {

@@ -463,6 +463,7 @@ func (c *Consumer) commit(ctx context.Context) error {
 	}
 	c.metrics.txns.Add(float64(o.txns))
 	c.metrics.changes.Add(float64(o.changes))
+	c.metrics.observeLag(time.Now(), o.commitTimes)
 	c.publish(p.st, o)
 	c.publishWatermark(ctx, p.st.Watermark)
 	if o.initialSync {

@@ -159,6 +159,10 @@ func TestConsumer_Run(t *testing.T) {
 		if n := (metric(t, reg, "zero_replication_transactions")); n != 3 {
 			t.Errorf("transactions applied after restart = %v; want 3", n)
 		}
+		// One lag sample per transaction, each from its upstream commit time.
+		if n := metric(t, reg, "jetsync_replication_lag_seconds"); n != 3 {
+			t.Errorf("replication lag samples = %v; want 3", n)
+		}
 		if n := (metric(t, reg, "jetsync_replica_watermark_lsn")); n != float64(e.lsn) {
 			t.Errorf("watermark gauge = %v; want %d", n, e.lsn)
 		}
@@ -266,7 +270,7 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			m := mf.GetMetric()[0]
-			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	t.Fatalf("no metric %s", name)

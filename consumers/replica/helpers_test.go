@@ -170,7 +170,7 @@ func (e *env) putUpstream(resetSeq uint64) {
 func (e *env) tx(cs ...streams.Change) uint64 {
 	e.t.Helper()
 	wm := e.nextWM()
-	seq := e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Last: true, Changes: cs}}})
+	seq := e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Last: true, CommitTimeMs: nowMs(), Changes: cs}}})
 	e.wm = wm
 	return seq
 }
@@ -181,11 +181,13 @@ func (e *env) packed(txs ...[]streams.Change) uint64 {
 	m := &streams.Message{Schema: "public", Table: "issue"}
 	for _, cs := range txs {
 		wm := e.nextWM()
-		m.Parts = append(m.Parts, streams.Part{Watermark: wm, Prev: e.wm, Num: 0, Last: true, Changes: cs})
+		m.Parts = append(m.Parts, streams.Part{Watermark: wm, Prev: e.wm, Num: 0, Last: true, CommitTimeMs: nowMs(), Changes: cs})
 		e.wm = wm
 	}
 	return e.publish(m)
 }
+
+func nowMs() float64 { return float64(time.Now().UnixMicro()) / 1000 }
 
 func ins(r streams.Row) streams.Change { return streams.Change{Op: streams.OpInsert, New: r} }
 func upd(old, r streams.Row) streams.Change {

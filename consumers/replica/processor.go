@@ -65,6 +65,7 @@ type processor struct {
 
 	// What tx holds, for metrics and subscribers.
 	txns, changes int
+	commitTimes   []float64 // upstream commit times (ms) of its transactions
 	reset         bool
 	batch         *changeBatch // nil when not collecting
 	// newBatch, if set, starts collecting at begin; it returns nil when
@@ -81,6 +82,9 @@ type outcome struct {
 	rows  []RowChange
 	// initialSync is set when the batch holds a reset.
 	initialSync bool
+	// commitTimes are the upstream commit times (ms since the epoch) of
+	// the transactions applied, for the replication lag.
+	commitTimes []float64
 }
 
 func newProcessor(db *sql.DB, st replica.State) *processor {
@@ -179,6 +183,9 @@ func (p *processor) handle(ctx context.Context, seq uint64, m *streams.Message) 
 			p.open = false
 			p.pending.Watermark = pt.Watermark
 			p.txns++
+			if pt.CommitTimeMs > 0 {
+				p.commitTimes = append(p.commitTimes, pt.CommitTimeMs)
+			}
 		}
 	}
 	if applied || p.tx != nil {
@@ -249,7 +256,7 @@ func (p *processor) commit(ctx context.Context, now time.Time) (outcome, error) 
 		p.rollback()
 		return outcome{}, fmt.Errorf("commit: %w", err)
 	}
-	o := outcome{txns: p.txns, changes: p.changes, reset: p.reset || p.batch == nil || p.batch.reset, initialSync: p.reset}
+	o := outcome{txns: p.txns, changes: p.changes, reset: p.reset || p.batch == nil || p.batch.reset, initialSync: p.reset, commitTimes: p.commitTimes}
 	if !o.reset {
 		o.rows = p.batch.changes
 	}
@@ -273,7 +280,7 @@ func (p *processor) rollback() {
 }
 
 func (p *processor) resetCounts() {
-	p.msgs, p.txns, p.changes, p.reset = 0, 0, 0, false
+	p.msgs, p.txns, p.changes, p.reset, p.commitTimes = 0, 0, 0, false, nil
 	p.batch = nil
 }
 

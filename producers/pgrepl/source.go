@@ -97,6 +97,7 @@ func (s *Source) Run(ctx context.Context) error {
 	rs := &runState{resync: resync}
 	for {
 		rs.streamed = false
+		started := time.Now()
 		err := s.session(ctx, rs)
 		if ctx.Err() != nil {
 			return nil
@@ -109,7 +110,10 @@ func (s *Source) Run(ctx context.Context) error {
 		case errors.As(err, &cfgErr):
 			return fmt.Errorf("pgrepl: %w", err)
 		}
-		if rs.streamed {
+		// Only a session that streamed for a while earns a fresh backoff: one
+		// that fails each time soon after it starts streaming must not
+		// become a tight retry loop.
+		if rs.streamed && time.Since(started) >= healthySession {
 			bo.Reset()
 		}
 		d := bo.NextBackOff()
@@ -123,6 +127,10 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// healthySession is how long a session must stream before its failure
+// counts as new trouble rather than the same one again.
+const healthySession = 10 * time.Second
 
 // position is where streaming starts and what the stream already holds.
 type position struct {

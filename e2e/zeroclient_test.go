@@ -365,9 +365,7 @@ func startJetsyncSyncer(t *testing.T, upstream string) *syncServer {
 	port := int(p.logRecord(t, "http listening", 60*time.Second)["port"].(float64))
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	waitHealthy(t, p, url, 90*time.Second)
-	return &syncServer{url: url, proc: p, missing: map[string]string{
-		"permissions": "jetsync does not apply the legacy read permissions yet (issue 4)",
-	}}
+	return &syncServer{url: url, proc: p}
 }
 
 // waitHealthy polls the health check at / until it answers 200.

@@ -21,7 +21,7 @@ const demoDatabase = "demo"
 // startDemo runs the local Postgres that `jetsync run` replicates from when no
 // ZERO_UPSTREAM_DB is given, under <dataDir>/postgres, and loads the demo
 // schema and rows into a fresh cluster. It returns the upstream URL.
-func startDemo(ctx context.Context, dataDir string, port int, binDir string, log *slog.Logger) (*pglocal.Cluster, string, error) {
+func startDemo(ctx context.Context, dataDir string, port int, binDir, app string, log *slog.Logger) (*pglocal.Cluster, string, error) {
 	cl, err := pglocal.Start(ctx, pglocal.Config{
 		Dir:    filepath.Join(dataDir, "postgres"),
 		Port:   port,
@@ -31,7 +31,7 @@ func startDemo(ctx context.Context, dataDir string, port int, binDir string, log
 	if err != nil {
 		return nil, "", fmt.Errorf("demo postgres: %w", err)
 	}
-	if err := loadDemo(ctx, cl); err != nil {
+	if err := loadDemo(ctx, cl, app); err != nil {
 		_ = cl.Stop(context.WithoutCancel(ctx))
 		return nil, "", err
 	}
@@ -41,7 +41,7 @@ func startDemo(ctx context.Context, dataDir string, port int, binDir string, log
 // loadDemo creates the demo database and loads demo.sql, unless an earlier
 // start did. The load is one implicit transaction (a multi-statement simple
 // query), so a crash leaves the database empty and the next start loads it.
-func loadDemo(ctx context.Context, cl *pglocal.Cluster) error {
+func loadDemo(ctx context.Context, cl *pglocal.Cluster, app string) error {
 	conn, err := pgx.Connect(ctx, cl.URL("postgres"))
 	if err != nil {
 		return fmt.Errorf("demo postgres: %w", err)
@@ -69,8 +69,29 @@ func loadDemo(ctx context.Context, cl *pglocal.Cluster) error {
 	if tables > 0 {
 		return nil
 	}
-	if _, err := db.PgConn().Exec(ctx, demoSQL).ReadAll(); err != nil {
+	if _, err := db.PgConn().Exec(ctx, demoSQL+demoPermissions(app)).ReadAll(); err != nil {
 		return fmt.Errorf("demo postgres: load demo schema: %w", err)
 	}
 	return nil
+}
+
+// demoPermissions deploys read rules letting anyone read every demo table,
+// as zero-deploy-permissions would with ANYONE_CAN: read permissions deny
+// by default, and a demo that synced nothing would only puzzle. The table is
+// the one the change-streamer creates (it keeps an existing one).
+func demoPermissions(app string) string {
+	anyone := `{"row":{"select":[["allow",{"type":"and","conditions":[]}]]}}`
+	rules := `{"tables":{"user":` + anyone + `,"issue":` + anyone + `,"comment":` + anyone +
+		`,"label":` + anyone + `,"issue_label":` + anyone + `}}`
+	schema := pgx.Identifier{app}.Sanitize()
+	return `
+CREATE SCHEMA IF NOT EXISTS ` + schema + `;
+CREATE TABLE IF NOT EXISTS ` + schema + `.permissions (
+	"permissions" JSONB,
+	"hash" TEXT,
+	"lock" BOOL PRIMARY KEY DEFAULT true CHECK (lock)
+);
+INSERT INTO ` + schema + `.permissions (permissions, hash) VALUES ('` + rules + `', md5('` + rules + `'::jsonb::text))
+	ON CONFLICT (lock) DO NOTHING;
+`
 }

@@ -106,7 +106,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	upstream := c.upstreamDB
 	if upstream == "" {
-		cl, url, err := startDemo(ctx, dataDir, c.demoPGPort, c.pgBin, log)
+		cl, url, err := startDemo(ctx, dataDir, c.demoPGPort, c.pgBin, shard.App, log)
 		if err != nil {
 			return err
 		}

@@ -12,16 +12,18 @@ var hmacMethods = []string{"HS256", "HS384", "HS512"}
 // authenticate resolves a connection's token as zero-cache's resolveAuth
 // does (server-model.md §10.2): no token is a logged-out connection; with a
 // secret configured a token must be a valid JWT for userID; without one it
-// is opaque and passed through.
-func (s *Server) authenticate(token, userID string) *protocolError {
+// is opaque and passed through. It returns the claims the read rules bind
+// as authData: a verified JWT's payload, else an empty object.
+func (s *Server) authenticate(token, userID string) (map[string]any, *protocolError) {
+	none := map[string]any{}
 	if token == "" {
-		return nil
+		return none, nil
 	}
 	if userID == "" {
-		return authError(kindUnauthorized, "Authenticated connections require a userID.")
+		return nil, authError(kindUnauthorized, "Authenticated connections require a userID.")
 	}
 	if s.cfg.AuthSecret == "" {
-		return nil
+		return none, nil
 	}
 	opts := []jwt.ParserOption{jwt.WithValidMethods(hmacMethods), jwt.WithSubject(userID)}
 	if s.cfg.AuthIssuer != "" {
@@ -31,10 +33,11 @@ func (s *Server) authenticate(token, userID string) *protocolError {
 		opts = append(opts, jwt.WithAudience(s.cfg.AuthAudience))
 	}
 	key := []byte(s.cfg.AuthSecret)
-	if _, err := jwt.Parse(token, func(*jwt.Token) (any, error) { return key, nil }, opts...); err != nil {
-		return authError(kindAuthInvalidated, "Failed to decode auth token: "+joseMessage(err))
+	claims := jwt.MapClaims{}
+	if _, err := jwt.ParseWithClaims(token, claims, func(*jwt.Token) (any, error) { return key, nil }, opts...); err != nil {
+		return nil, authError(kindAuthInvalidated, "Failed to decode auth token: "+joseMessage(err))
 	}
-	return nil
+	return claims, nil
 }
 
 func authError(kind, msg string) *protocolError {

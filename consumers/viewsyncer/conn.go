@@ -165,7 +165,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		base: p.baseCookie, hasBase: p.hasBase, wake: make(chan struct{}, 1),
 		log: log.With("client_group", p.clientGroupID, "client", p.clientID),
 	}
-	if perr := s.authenticate(sp.AuthToken, p.userID); perr != nil {
+	authData, perr := s.authenticate(sp.AuthToken, p.userID)
+	if perr != nil {
 		closeWithError(ws, perr)
 		return
 	}
@@ -186,7 +187,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.g = g
-	if perr := g.attach(c, sp.AuthToken != ""); perr != nil {
+	if perr := g.attach(c, sp.AuthToken != "", authData); perr != nil {
 		closeWithError(ws, perr)
 		return
 	}
@@ -248,8 +249,11 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 	case tagDeleteClients:
 		err = c.g.deleteClients(ctx, c, u.DeleteClients.ClientIDs)
 	case tagUpdateAuth:
-		if perr := c.s.authenticate(u.UpdateAuth.Auth, c.userID); perr != nil {
+		authData, perr := c.s.authenticate(u.UpdateAuth.Auth, c.userID)
+		if perr != nil {
 			err = perr
+		} else {
+			err = c.g.updateAuth(ctx, c, authData)
 		}
 	case tagPush:
 		err = newProtocolError(kindInvalidPush, "A ZERO_MUTATE_URL must be set in order to process custom mutations.")

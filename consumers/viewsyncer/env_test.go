@@ -186,6 +186,10 @@ var benchTables = []streams.TableSpec{
 	{Schema: "zpeer_0", Name: "clients", PrimaryKey: []string{"clientGroupID", "clientID"}, Columns: []streams.ColumnSpec{
 		col("clientGroupID", 1, "text", streams.KindString, true), col("clientID", 2, "text", streams.KindString, true),
 		col("lastMutationID", 3, "int8", streams.KindNumber, true), col("userID", 4, "text", streams.KindString, false)}},
+	// The app's legacy permissions (permissions.md §2).
+	{Schema: "zpeer", Name: "permissions", PrimaryKey: []string{"lock"}, Columns: []streams.ColumnSpec{
+		col("permissions", 1, "jsonb", streams.KindJSON, false), col("hash", 2, "text", streams.KindString, false),
+		col("lock", 3, "bool", streams.KindBoolean, true)}},
 }
 
 var benchIndexes = []streams.IndexSpec{
@@ -199,6 +203,14 @@ func raw(v any) json.RawMessage {
 	b, _ := json.Marshal(v)
 	return b
 }
+
+// transcriptPermissions is ../../../shared/spec/transcripts/app/permissions.json.
+const transcriptPermissions = `{"tables":{` +
+	`"user":{"row":{"select":[["allow",{"type":"and","conditions":[]}]],"update":{}}},` +
+	`"issue":{"row":{"select":[["allow",{"type":"and","conditions":[]}]],"update":{}}},` +
+	`"label":{"row":{"select":[["allow",{"type":"and","conditions":[]}]],"update":{}}},` +
+	`"comment":{"row":{"select":[["allow",{"type":"and","conditions":[]}]],"update":{}}},` +
+	`"issue_label":{"row":{"select":[["allow",{"type":"and","conditions":[]}]],"update":{}}}}}`
 
 // epoch2024 is 2024-01-01 00:00:00+00 in epoch milliseconds.
 const epoch2024 = 1704067200000
@@ -235,6 +247,9 @@ func seedRows(issues int) map[string][][]json.RawMessage {
 	for g := 1; g <= issues; g++ {
 		put("issue_label", fmt.Sprintf("i%07d", g), fmt.Sprintf("l%02d", 1+g%20))
 	}
+	// The rules the transcripts were captured with: every bench table
+	// readable by anyone.
+	put("permissions", json.RawMessage(transcriptPermissions), "2b1a0c5b7e2c4e3f8a9d0c1b2a3f4e5d", true)
 	for g := 1; g <= issues; g++ {
 		if g%2 == 0 && (g*7+3)%20 != g%20 {
 			put("issue_label", fmt.Sprintf("i%07d", g), fmt.Sprintf("l%02d", 1+(g*7+3)%20))

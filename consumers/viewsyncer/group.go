@@ -43,6 +43,10 @@ type group struct {
 	// conns holds the newest connection of each client; ready ones get
 	// pokes.
 	conns map[string]*conn
+	// authData is what the read rules' authData parameters bind to;
+	// authGen counts its changes, so pipelines tell when to re-bind.
+	authData map[string]any
+	authGen  int
 }
 
 // pipeline is a got query's evaluation state. This walking skeleton
@@ -53,7 +57,12 @@ type pipeline struct {
 	internal bool
 	query    *zql.Query
 	schema   *schema
-	tables   map[string]bool
+	// perms and authGen are what a legacy query was transformed with, and
+	// transformed the hash of the result: the AST actually run.
+	perms       *permissions
+	authGen     int
+	transformed string
+	tables      map[string]bool
 	// rows holds the IDs of the rows the query syncs.
 	rows map[string]struct{}
 }
@@ -268,13 +277,13 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed map[stri
 		if p == nil {
 			continue
 		}
-		if p.schema != snap.schema {
-			if err := p.recompile(snap.schema, g.astOf(h)); err != nil {
-				g.log.Warn("query no longer compiles; dropping it", "query", h, "err", err)
-				g.removePipeline(u, p)
-				continue
-			}
-		} else if changed != nil && !intersects(p.tables, changed) {
+		rebuilt, err := g.prepare(p, snap)
+		if err != nil {
+			g.log.Warn("query no longer compiles; dropping it", "query", h, "err", err)
+			g.removePipeline(u, p)
+			continue
+		}
+		if !rebuilt && changed != nil && !intersects(p.tables, changed) {
 			continue
 		}
 		if err := g.hydrate(ctx, u, snap, p); err != nil {
@@ -297,7 +306,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed map[stri
 	for _, h := range add {
 		q := g.cvr.queries[h]
 		p := &pipeline{hash: h, internal: q.internal, rows: map[string]struct{}{}}
-		if err := p.recompile(snap.schema, q.ast); err != nil {
+		if _, err := g.prepare(p, snap); err != nil {
 			// Checked on arrival; only a schema change gets here.
 			g.log.Warn("query does not compile", "query", h, "err", err)
 			continue
@@ -325,13 +334,39 @@ func (g *group) astOf(hash string) *zql.AST {
 	return nil
 }
 
-func (p *pipeline) recompile(s *schema, ast *zql.AST) error {
-	q, err := zql.Compile(s.zql, ast)
-	if err != nil {
-		return err
+// prepare (re)compiles p for snap when the schema, the read rules or the
+// group's claims changed since it last ran. A legacy query runs with the
+// rules injected and bound (permissions.md §7); internal queries run as
+// they are. rebuilt reports that p now runs a different AST, so its rows
+// must be re-hydrated.
+func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
+	fresh := p.query == nil || p.schema != snap.schema
+	if !fresh && (p.internal || p.perms == snap.perms && p.authGen == g.authGen) {
+		return false, nil
 	}
-	p.query, p.schema, p.tables = q, s, astTables(ast, nil)
-	return nil
+	ast := g.astOf(p.hash)
+	if ast == nil {
+		return false, fmt.Errorf("query %s has no AST", p.hash)
+	}
+	if !p.internal {
+		perms := snap.perms
+		if perms == nil {
+			perms = noPermissions
+		}
+		ast = perms.transform(ast, g.authData)
+		p.perms, p.authGen = snap.perms, g.authGen
+		th := transformationHash(ast)
+		if !fresh && th == p.transformed {
+			return false, nil
+		}
+		p.transformed = th
+	}
+	q, err := zql.Compile(snap.schema.zql, ast)
+	if err != nil {
+		return false, err
+	}
+	p.query, p.schema, p.tables = q, snap.schema, astTables(ast, nil)
+	return true, nil
 }
 
 func (g *group) removePipeline(u *update, p *pipeline) {

@@ -12,7 +12,7 @@ import (
 
 // attach registers c as its client's connection; an older one is closed
 // (the newest wins, sync-protocol.md §2.4).
-func (g *group) attach(c *conn, authenticated bool) *protocolError {
+func (g *group) attach(c *conn, authenticated bool, authData map[string]any) *protocolError {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.cvr.userID != "" && c.userID != g.cvr.userID {
@@ -27,7 +27,40 @@ func (g *group) attach(c *conn, authenticated bool) *protocolError {
 		old.closeQuietly()
 	}
 	g.conns[c.clientID] = c
+	g.setAuth(authData)
 	return nil
+}
+
+// setAuth makes authData the claims the group's legacy queries are bound
+// to. All connections of a group are pinned to one user, so the newest
+// connection's claims stand for the group's background work too.
+func (g *group) setAuth(authData map[string]any) {
+	if g.authGen > 0 && reflect.DeepEqual(g.authData, authData) {
+		return
+	}
+	g.authData = authData
+	g.authGen++
+}
+
+// updateAuth re-binds the legacy queries to a connection's new claims and
+// re-hydrates those whose bound AST changed (permissions.md §12).
+func (g *group) updateAuth(ctx context.Context, c *conn, authData map[string]any) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.current(c) {
+		return nil
+	}
+	gen := g.authGen
+	g.setAuth(authData)
+	if gen == g.authGen || !c.ready {
+		return nil
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil || snap == nil {
+		return err
+	}
+	defer snap.close()
+	return g.syncAt(ctx, snap)
 }
 
 func (g *group) detach(c *conn) {

@@ -108,10 +108,12 @@ type Server struct {
 	store        cvrStore
 	metrics      *metrics
 	clientsTable string
+	permsTable   string
 
 	mu     sync.Mutex
 	groups map[string]*group
-	schema *schema // last loaded
+	schema *schema      // last loaded
+	perms  *permissions // last loaded
 }
 
 // New returns a Server; Run follows the replica, Handler serves clients.
@@ -136,6 +138,7 @@ func New(cfg Config) (*Server, error) {
 		store:        newMemStore(),
 		metrics:      m,
 		clientsTable: projreplica.TableName(cfg.Shard.ID(), "clients"),
+		permsTable:   projreplica.TableName(cfg.Shard.App, "permissions"),
 		groups:       map[string]*group{},
 	}, nil
 }
@@ -299,6 +302,8 @@ type snapshot struct {
 	version        string
 	replicaVersion string
 	schema         *schema
+	// perms are the read rules at this snapshot.
+	perms *permissions
 	// from is where the changes an advance reports start; pipelines at an
 	// older version must re-hydrate fully.
 	from string
@@ -326,17 +331,25 @@ func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
 		return nil, nil
 	}
 	s.mu.Lock()
-	prev := s.schema
+	prev, prevPerms := s.schema, s.perms
 	s.mu.Unlock()
 	sch, err := loadSchema(ctx, tx, prev)
 	if err != nil {
 		_ = tx.Rollback()
 		return nil, err
 	}
+	perms, err := loadPermissions(ctx, tx, s.permsTable, sch, prevPerms)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	if perms == noPermissions && prevPerms != noPermissions {
+		s.log.Warn("No upstream permissions deployed. Run 'npx zero-deploy-permissions --app-id=" + s.cfg.Shard.App + "' to enforce permissions.")
+	}
 	s.mu.Lock()
-	s.schema = sch
+	s.schema, s.perms = sch, perms
 	s.mu.Unlock()
-	return &snapshot{tx: tx, version: st.Watermark, replicaVersion: st.ReplicaVersion, schema: sch, from: st.Watermark}, nil
+	return &snapshot{tx: tx, version: st.Watermark, replicaVersion: st.ReplicaVersion, schema: sch, perms: perms, from: st.Watermark}, nil
 }
 
 // lmidsAST is the internal query for a group's rows of the clients table,

@@ -8,8 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/consumers/replica"
-	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -44,28 +42,14 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	if c.upstreamDB == "" {
 		return usageError("change-streamer needs an upstream: set ZERO_UPSTREAM_DB or -upstream-db")
 	}
-	log, err := c.logger(stderr)
+	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	shard, err := c.shard()
-	if err != nil {
-		return err
-	}
-	dataDir, err := prepareDataDir(c.dataDir)
-	if err != nil {
-		return err
-	}
-	id, err := taskID(dataDir, c.taskID)
-	if err != nil {
-		return err
-	}
-	log = log.With("task_id", id)
-	ctx, stop := notifyContext(ctx, log)
 	defer stop()
-	metrics := newMetricSet()
+	log, shard, dataDir, metrics := rl.log, rl.shard, rl.dataDir, rl.metrics
 
-	nc, err := connectNATS(c.natsURL, "jetsync change-streamer "+id, log)
+	nc, err := connectNATS(c.natsURL, "jetsync change-streamer "+rl.id, log)
 	if err != nil {
 		return err
 	}
@@ -80,27 +64,12 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	log.Info("upstream", "db", redact(c.upstreamDB), "app_id", shard.App, "shard_num", shard.Num)
-	src, err := pgrepl.New(pgrepl.Config{
-		UpstreamURL:  c.upstreamDB,
-		Shard:        shard,
-		Publications: c.publicationList(),
-		Stream:       scfg,
-		CopyWorkers:  c.copyWorkers,
-		Logger:       log,
-		Registerer:   metrics.For("change-streamer"),
-	}, js)
+	src, err := c.upstreamFlags.source(rl, c.upstreamDB, scfg, js)
 	if err != nil {
 		return err
 	}
 	file := c.replica(dataDir, "backup-replica.db")
-	cons, err := replica.New(replica.Config{
-		File:       file,
-		Shard:      shard,
-		TaskID:     id,
-		Name:       "backup",
-		Logger:     log.With("component", "backup-replica"),
-		Registerer: metrics.For("backup-replica"),
-	}, js)
+	cons, err := rl.replica(js, file, "backup", "backup-replica")
 	if err != nil {
 		return err
 	}

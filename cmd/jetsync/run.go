@@ -13,9 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/consumers/replica"
 	natsconfig "github.com/jetsync/jetsync/nats-config"
-	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -55,26 +53,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := c.upstreamFlags.validate(); err != nil {
 		return err
 	}
-	log, err := c.logger(stderr)
+	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	shard, err := c.shard()
-	if err != nil {
-		return err
-	}
-	dataDir, err := prepareDataDir(c.dataDir)
-	if err != nil {
-		return err
-	}
-	id, err := taskID(dataDir, c.taskID)
-	if err != nil {
-		return err
-	}
-	log = log.With("task_id", id)
-	ctx, stop := notifyContext(ctx, log)
 	defer stop()
-	metrics := newMetricSet()
+	log, shard, dataDir, metrics := rl.log, rl.shard, rl.dataDir, rl.metrics
 
 	ns, err := natsconfig.Start(natsconfig.Config{
 		StoreDir: filepath.Join(dataDir, "nats"),
@@ -125,27 +109,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	log.Info("upstream", "db", redact(upstream), "app_id", shard.App, "shard_num", shard.Num)
 
-	src, err := pgrepl.New(pgrepl.Config{
-		UpstreamURL:  upstream,
-		Shard:        shard,
-		Publications: c.publicationList(),
-		Stream:       scfg,
-		CopyWorkers:  c.copyWorkers,
-		Logger:       log,
-		Registerer:   metrics.For("change-streamer"),
-	}, js)
+	src, err := c.upstreamFlags.source(rl, upstream, scfg, js)
 	if err != nil {
 		return err
 	}
 	file := c.replica(dataDir, "replica.db")
-	cons, err := replica.New(replica.Config{
-		File:       file,
-		Shard:      shard,
-		TaskID:     id,
-		Name:       "replica",
-		Logger:     log.With("component", "replica"),
-		Registerer: metrics.For("replica"),
-	}, js)
+	cons, err := rl.replica(js, file, "replica", "replica")
 	if err != nil {
 		return err
 	}

@@ -7,8 +7,6 @@ import (
 	"io"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/jetsync/jetsync/consumers/replica"
 )
 
 const viewSyncerSummary = `Run a view-syncer against an external NATS server: a replica consumer with its
@@ -58,28 +56,14 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 	if err := c.validate(); err != nil {
 		return err
 	}
-	log, err := c.logger(stderr)
+	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	shard, err := c.shard()
-	if err != nil {
-		return err
-	}
-	dataDir, err := prepareDataDir(c.dataDir)
-	if err != nil {
-		return err
-	}
-	id, err := taskID(dataDir, c.taskID)
-	if err != nil {
-		return err
-	}
-	log = log.With("task_id", id)
-	ctx, stop := notifyContext(ctx, log)
 	defer stop()
-	metrics := newMetricSet()
+	log, shard, dataDir, metrics := rl.log, rl.shard, rl.dataDir, rl.metrics
 
-	nc, err := connectNATS(c.natsURL, "jetsync "+r.name+" "+id, log)
+	nc, err := connectNATS(c.natsURL, "jetsync "+r.name+" "+rl.id, log)
 	if err != nil {
 		return err
 	}
@@ -90,14 +74,7 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	file := c.replica(dataDir, r.replicaFile)
-	cons, err := replica.New(replica.Config{
-		File:       file,
-		Shard:      shard,
-		TaskID:     id,
-		Name:       r.name,
-		Logger:     log.With("component", "replica"),
-		Registerer: metrics.For(r.name),
-	}, js)
+	cons, err := rl.replica(js, file, r.name, r.name+"-replica")
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/producers/pgrepl"
+	"github.com/jetsync/jetsync/streams"
 )
 
 // Defaults shared by the subcommands.
@@ -193,4 +198,63 @@ func parseVarz(r io.Reader) (syncPolicy, error) {
 		iv = 2 * time.Minute
 	}
 	return syncPolicy{SyncInterval: iv, SyncAlways: c.SyncAlways}, nil
+}
+
+// role is what every subcommand that runs components sets up first.
+type role struct {
+	log     *slog.Logger
+	shard   streams.Shard
+	dataDir string
+	id      string
+	metrics *metricSet
+}
+
+// start sets a role up from its flags: logger, shard, data directory and
+// task ID. The context it returns ends at the first SIGINT or SIGTERM; call
+// stop when done.
+func (r *roleFlags) start(ctx context.Context, stderr io.Writer) (role, context.Context, context.CancelFunc, error) {
+	var rl role
+	log, err := r.logger(stderr)
+	if err != nil {
+		return rl, nil, nil, err
+	}
+	if rl.shard, err = r.shard(); err != nil {
+		return rl, nil, nil, err
+	}
+	if rl.dataDir, err = prepareDataDir(r.dataDir); err != nil {
+		return rl, nil, nil, err
+	}
+	if rl.id, err = taskID(rl.dataDir, r.taskID); err != nil {
+		return rl, nil, nil, err
+	}
+	rl.log = log.With("task_id", rl.id)
+	rl.metrics = newMetricSet()
+	ctx, stop := notifyContext(ctx, rl.log)
+	return rl, ctx, stop, nil
+}
+
+// replica makes the role's replica consumer named name, logging and
+// registering metrics as component.
+func (rl role) replica(js jetstream.JetStream, file, name, component string) (*replica.Consumer, error) {
+	return replica.New(replica.Config{
+		File:       file,
+		Shard:      rl.shard,
+		TaskID:     rl.id,
+		Name:       name,
+		Logger:     rl.log.With("component", component),
+		Registerer: rl.metrics.For(component),
+	}, js)
+}
+
+// source makes the change-streamer for upstream.
+func (u *upstreamFlags) source(rl role, upstream string, scfg streams.Config, js jetstream.JetStream) (*pgrepl.Source, error) {
+	return pgrepl.New(pgrepl.Config{
+		UpstreamURL:  upstream,
+		Shard:        rl.shard,
+		Publications: u.publicationList(),
+		Stream:       scfg,
+		CopyWorkers:  u.copyWorkers,
+		Logger:       rl.log,
+		Registerer:   rl.metrics.For("change-streamer"),
+	}, js)
 }

@@ -30,6 +30,7 @@ func newMetricSet() *metricSet {
 	base.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		heapPeakCollector(),
 	)
 	s.regs, s.names = append(s.regs, base), append(s.names, "process")
 	return s

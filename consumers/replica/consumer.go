@@ -27,8 +27,8 @@ import (
 // Defaults.
 const (
 	DefaultName = "replica"
-	// DefaultBatchSize is how many messages one pull and one SQLite commit
-	// take at most (a transaction spanning more still commits whole).
+	// DefaultBatchSize is how many messages one SQLite commit takes at
+	// most (a transaction spanning more still commits whole).
 	DefaultBatchSize = 256
 	// DefaultSubscriptionCap is how many row changes a subscriber may hold
 	// before it is told to re-read instead.
@@ -42,6 +42,14 @@ const (
 	// repeats its request.
 	DefaultResyncInterval = 30 * time.Second
 )
+
+// pullBytes bounds each pull request, so that the messages pulled ahead of
+// the one in hand stay within about two pulls' worth. A count bound alone
+// would not do: 256 full-size messages are 128 MiB, and a large transaction
+// is nothing but full-size messages. (jetstream.PullMaxBytes would bound the
+// bytes exactly, but its million-message count makes nats.go allocate an
+// 8 MB channel.)
+const pullBytes = 4 << 20
 
 // flushWait is how long a batch waits for more messages before it commits:
 // long enough to catch a burst already in flight, short enough to add no
@@ -328,7 +336,7 @@ func (c *Consumer) follow(ctx context.Context, stream jetstream.Stream) error {
 	if err != nil {
 		return err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.BatchSize))
+	it, err := cons.Messages(jetstream.PullMaxMessagesWithBytesLimit(c.cfg.BatchSize, pullBytes))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", c.cfg.DurableName(), err)
 	}
@@ -385,6 +393,14 @@ func (c *Consumer) follow(ctx context.Context, stream jetstream.Stream) error {
 		if err != nil {
 			p.rollback()
 			return &DecodeError{Seq: seq, Err: err}
+		}
+		if p.committable() && len(m.Parts) > 0 && !m.Parts[len(m.Parts)-1].Last {
+			// A transaction that spans messages stays uncommitted until
+			// its last part, which can take seconds: commit the ones in
+			// hand first, so that they don't wait behind it.
+			if err := c.commit(sctx); err != nil {
+				return err
+			}
 		}
 		if err := p.handle(sctx, seq, m); err != nil {
 			p.rollback()

@@ -20,6 +20,11 @@ const (
 	stallWait = 2 * time.Minute
 	// ackTimeout bounds the wait for one PubAck.
 	ackTimeout = 10 * time.Second
+	// maxPendingBytes bounds the encoded bytes awaiting a PubAck, which
+	// nats.go keeps for retries: maxPending full-size messages would hold
+	// 32 MiB, too much of a 64 MiB heap budget during a large transaction.
+	// 8 MiB is 16 full messages, ample to keep a local server busy.
+	maxPendingBytes = 8 << 20
 )
 
 // ErrDuplicate reports a PubAck for a message the stream already held: the
@@ -79,6 +84,7 @@ type publisher struct {
 	next           uint64 // the sequence the next message gets
 	pending        []pendingMsg
 	head           int
+	pendingBytes   int // encoded bytes of the unacked messages
 	// confirmed is the end LSN of the last transaction whose messages are
 	// all acked, and everything before it.
 	confirmed pglogrepl.LSN
@@ -87,9 +93,10 @@ type publisher struct {
 }
 
 type pendingMsg struct {
-	fut jetstream.PubAckFuture // nil for a confirm-only entry
-	seq uint64
-	m   *outMsg
+	fut  jetstream.PubAckFuture // nil for a confirm-only entry
+	seq  uint64
+	m    *outMsg
+	size int // encoded bytes
 }
 
 // newJetStream returns a JetStream context like js, for publishing with a
@@ -110,7 +117,9 @@ func newJetStream(js jetstream.JetStream, maxPending int) (jetstream.JetStream, 
 	}
 }
 
-// publish sends m. A message with no parts is only a confirm.
+// publish sends m. A message with no parts is only a confirm. Past
+// maxPendingBytes in flight it first waits for PubAcks, each wait bounded by
+// ackTimeout, as nats.go's stall wait bounds the count of pending publishes.
 func (p *publisher) publish(m *outMsg) error {
 	if len(m.msg.Parts) == 0 {
 		p.pending = append(p.pending, pendingMsg{m: m})
@@ -119,6 +128,11 @@ func (p *publisher) publish(m *outMsg) error {
 	data, err := streams.Encode(&m.msg)
 	if err != nil {
 		return err
+	}
+	for !p.idle() && p.pendingBytes+len(data) > maxPendingBytes {
+		if err := p.awaitOldest(); err != nil {
+			return err
+		}
 	}
 	first, last := m.first(), m.last()
 	msg := &nats.Msg{Subject: m.subject, Data: data, Header: nats.Header{}}
@@ -135,9 +149,28 @@ func (p *publisher) publish(m *outMsg) error {
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", m.subject, err)
 	}
-	p.pending = append(p.pending, pendingMsg{fut: fut, seq: p.next, m: m})
+	p.pending = append(p.pending, pendingMsg{fut: fut, seq: p.next, m: m, size: len(data)})
+	p.pendingBytes += len(data)
 	p.next++
+	// The encoded copy is what travels and what a retry resends: drop the
+	// decoded changes, which would double what an unacked message holds.
+	m.msg.Parts = nil
 	return nil
+}
+
+// awaitOldest waits for the oldest unacked message's PubAck, which
+// nats.go's publish timeout bounds.
+func (p *publisher) awaitOldest() error {
+	ok, errc := p.ackChans()
+	if ok == nil {
+		return nil
+	}
+	select {
+	case ack := <-ok:
+		return p.acked(ack)
+	case err := <-errc:
+		return p.failed(err)
+	}
 }
 
 // idle reports whether every message published has been acked.
@@ -174,6 +207,7 @@ func (p *publisher) acked(ack *jetstream.PubAck) error {
 func (p *publisher) pop() {
 	e := p.pending[p.head]
 	p.pending[p.head] = pendingMsg{}
+	p.pendingBytes -= e.size
 	p.head++
 	if e.m.confirm != 0 {
 		p.confirmed = max(p.confirmed, e.m.confirm)

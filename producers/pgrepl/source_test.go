@@ -825,7 +825,12 @@ func TestSource_Reset(t *testing.T) {
 
 	t.Run("SlotDropped", func(t *testing.T) {
 		stop()
-		e.exec(t, `SELECT pg_drop_replication_slot($1)`, u1.Slot)
+		// The stopped Source's walsender may not have exited yet: the slot
+		// stays active until it does.
+		waitFor(t, 30*time.Second, "the slot to be released", func() bool {
+			_, err := e.conn.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, u1.Slot)
+			return err == nil
+		})
 		stop = e.run(outer)
 		u2 := e.waitSynced(t, u1.ReplicaVersion)
 		if u2.ReplicaVersion <= u1.ReplicaVersion {

@@ -56,6 +56,7 @@ type options struct {
 	pgFsync  bool
 	keep     bool
 	profile  string
+	copiers  int
 }
 
 func main() {
@@ -68,6 +69,7 @@ func main() {
 	flag.IntVar(&o.latN, "latency-n", 5000, "transactions in the latency run")
 	flag.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark Postgres with fsync on")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directories")
+	flag.IntVar(&o.copiers, "copy-workers", 0, "parallel table copies (ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS); 0 is the default")
 	flag.StringVar(&o.profile, "profile", "", "write CPU profiles of the initial sync and the throughput run into this folder")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -148,7 +150,7 @@ func run(o options) error {
 		return err
 	}
 	shard := streams.Shard{App: "zero", Num: 0}
-	src, err := pgrepl.New(pgrepl.Config{UpstreamURL: url, Shard: shard, Publications: []string{"zpeer_pub"}, Logger: log}, js)
+	src, err := pgrepl.New(pgrepl.Config{UpstreamURL: url, Shard: shard, Publications: []string{"zpeer_pub"}, CopyWorkers: o.copiers, Logger: log}, js)
 	if err != nil {
 		return err
 	}

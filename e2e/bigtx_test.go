@@ -14,10 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/jetsync/jetsync/nats-config/natstest"
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
-	"github.com/jetsync/jetsync/streams"
 )
 
 // Issue 3, point 4: a large transaction streams through in bounded memory,
@@ -54,23 +50,10 @@ type smallTx struct {
 // for it, and one committed after it waits no longer than the big one takes
 // to apply.
 func TestBigTransaction(t *testing.T) {
-	pgBin(t)
-	c := pgtest.Start(t)
-	url := pgtest.NewDB(t, c)
-	ctx := context.Background()
-	pg, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close(context.Background()) })
-	if _, err := pg.Exec(ctx, bigSchema); err != nil {
-		t.Fatalf("setup: %v", err)
-	}
-	ns := natstest.Start(t)
-	_, js := natstest.Connect(t, ns)
+	s := newSpine(t, bigSchema)
+	url, pg, ctx := s.url, s.pg, context.Background()
 	root := dataRoot(t)
-	s := &spine{t: t, pg: pg, url: url, js: js, shard: streams.Shard{App: "zero", Num: 0}, nats: ns.ClientURL(),
-		file: filepath.Join(root, "rep", "replicator-replica.db")}
+	s.file = filepath.Join(root, "rep", "replicator-replica.db")
 
 	common := []string{"JETSYNC_NATS_URL=" + s.nats, "ZERO_PORT=0", "ZERO_LOG_FORMAT=json"}
 	cs := start(t, append([]string{"ZERO_UPSTREAM_DB=" + url, "JETSYNC_DATA_DIR=" + filepath.Join(root, "cs"), "ZERO_TASK_ID=big-cs"}, common...), "change-streamer")

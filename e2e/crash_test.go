@@ -20,8 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/nats-config/natstest"
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 	projreplica "github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -60,26 +58,14 @@ const crashSeedRows = 80_000
 
 func newCrashRig(t *testing.T, seed uint64) *crashRig {
 	t.Helper()
-	pgBin(t)
-	c := pgtest.Start(t)
-	url := pgtest.NewDB(t, c)
-	ctx := context.Background()
-	pg, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close(context.Background()) })
 	// Enough rows that an initial sync outlasts the first kills.
-	if _, err := pg.Exec(ctx, spineSchema+fmt.Sprintf(`
+	s := newSpine(t, spineSchema+fmt.Sprintf(`
 		INSERT INTO every (id, t, j, ai) SELECT g, 'seed ' || g || repeat(' padding', 20), '{"seed": true}', '{1,2}'
 			FROM generate_series(1, %d) g;
-		INSERT INTO pair SELECT 'seed-' || g, g %% 5, 'v' FROM generate_series(1, 100) g;`, crashSeedRows)); err != nil {
-		t.Fatalf("setup: %v", err)
-	}
-	ns := natstest.Start(t)
-	_, js := natstest.Connect(t, ns)
+		INSERT INTO pair SELECT 'seed-' || g, g %% 5, 'v' FROM generate_series(1, 100) g;`, crashSeedRows))
+	s.file = ""
 	return &crashRig{
-		spine: &spine{t: t, pg: pg, url: url, js: js, shard: streams.Shard{App: "zero", Num: 0}, nats: ns.ClientURL()},
+		spine: s,
 		root:  dataRoot(t),
 		r:     rand.New(rand.NewPCG(seed, 7)),
 	}

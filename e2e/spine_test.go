@@ -75,8 +75,12 @@ type spine struct {
 	nats  string // client URL of the NATS server
 }
 
-func startSpine(t *testing.T, setupSQL string) *spine {
+// newSpine sets up a fresh upstream database, loaded with setupSQL, and a
+// NATS server, and runs nothing: tests start the parts they need, in this
+// process or as binaries.
+func newSpine(t *testing.T, setupSQL string) *spine {
 	t.Helper()
+	pgBin(t)
 	c := pgtest.Start(t)
 	url := pgtest.NewDB(t, c)
 	ctx := context.Background()
@@ -90,7 +94,14 @@ func startSpine(t *testing.T, setupSQL string) *spine {
 	}
 	ns := natstest.Start(t)
 	_, js := natstest.Connect(t, ns)
-	s := &spine{t: t, pg: pg, url: url, js: js, shard: streams.Shard{App: "zero", Num: 0}, file: filepath.Join(t.TempDir(), "replica.db"), nats: ns.ClientURL()}
+	return &spine{t: t, pg: pg, url: url, js: js, shard: streams.Shard{App: "zero", Num: 0}, file: filepath.Join(t.TempDir(), "replica.db"), nats: ns.ClientURL()}
+}
+
+// startSpine is newSpine with the change-streamer and a replica consumer
+// running in this process.
+func startSpine(t *testing.T, setupSQL string) *spine {
+	t.Helper()
+	s := newSpine(t, setupSQL)
 	s.startProducer()
 	s.startReplica()
 	return s

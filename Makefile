@@ -8,11 +8,13 @@ BIN      := bin/jetsync
 BENCHTIME ?= 1s
 FUZZTIME ?= 20s
 
-# Unit and light packages run under the race detector. Everything else that
-# has tests starts real servers (Postgres, NATS, SQLite-heavy consumers):
-# those run one package at a time and without -race, since modernc SQLite is
-# 18-23x slower under it. e2e drives ./bin/jetsync and runs last.
-RACE_PATTERNS := ./streams/... ./projections/... ./producers/pgvalue/...
+# Unit and light packages run under the race detector, and so do the two
+# concurrent consumers (the replica and the sync server), whose suites stay
+# small enough (~10 s). Everything else that has tests starts real servers or
+# leans on SQLite: those run one package at a time and without -race, since
+# modernc SQLite is 18-23x slower under it. e2e drives ./bin/jetsync and runs
+# last.
+RACE_PATTERNS := ./streams/... ./projections/... ./producers/pgvalue/... ./consumers/replica/... ./consumers/viewsyncer/...
 list = $(shell $(GO) list -e $(1) 2>/dev/null | grep '^github.com/')
 RACE_PKGS   = $(call list,$(RACE_PATTERNS))
 ALL_PKGS    = $(call list,./...)

@@ -22,20 +22,24 @@ SERVER_PKGS = $(filter-out $(RACE_PKGS) %/e2e,$(ALL_PKGS))
 
 export CGO_ENABLED ?= 0
 
-.PHONY: all build run test deps vet fmt-check test-race test-servers test-e2e bench fuzz soak clean
+.PHONY: all build run test deps pg-deps vet fmt-check test-race test-servers test-e2e bench fuzz soak clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/jetsync
 
-run: build
+run: pg-deps build
 	./$(BIN) run
 
-# deps installs what the tests need and a fresh machine lacks. The Debian
-# package would otherwise create and start a cluster of its own: the tests
-# and the demo run their own clusters.
-deps:
+# deps installs what the tests need and a fresh machine lacks: Postgres 15
+# (the tests and the demo run their own clusters from its binaries) and Node
+# 22 with the Zero client.
+deps: pg-deps node-deps
+
+# pg-deps installs Debian's postgresql-15 when its binaries are missing,
+# keeping the package from creating and starting a cluster of its own.
+pg-deps:
 	@if [ ! -x $(PGBIN)/initdb ]; then \
 		echo "installing postgresql-15"; \
 		SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
@@ -44,7 +48,6 @@ deps:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql-15 postgresql-client-15; \
 	fi
-	@$(MAKE) --no-print-directory node-deps
 
 # node-deps installs Node 22, the real Zero client and zero-cache for the e2e
 # client tests, as pinned in e2e/client/package-lock.json. npm ci starts from

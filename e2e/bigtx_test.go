@@ -99,6 +99,11 @@ func TestBigTransaction(t *testing.T) {
 	})
 	w.stop()
 	s.waitCaughtUp(time.Minute)
+	// The replica holds every small transaction now; let the poller take
+	// its next look before it stops, or the last ones go unseen.
+	waitFor(t, 10*time.Second, "the poller to see every small transaction", func() bool {
+		return poll.smallSeen() >= w.count() || poll.failed()
+	})
 	poll.stop()
 	if err := poll.err(); err != nil {
 		t.Fatal(err)

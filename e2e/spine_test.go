@@ -584,7 +584,9 @@ func (s *spine) streamTxs() []streamTx {
 	var lastWM string
 	nextPart := 0
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; {
-		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		// Bounded by bytes: 500 full-size messages would overflow the
+		// client's 64 MB pending limit and be dropped as a slow consumer.
+		batch, err := cons.FetchBytes(16<<20, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

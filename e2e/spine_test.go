@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -889,4 +890,115 @@ func TestSpine_Gap(t *testing.T) {
 		t.Errorf("replica version %s unchanged: the gap was not answered with a rebuild from a new initial sync", after.ReplicaVersion)
 	}
 	s.checkReplicaEqualsPostgres()
+}
+
+// TestSpine_BadConditions covers upstream tables that jetsync replicates but
+// cannot sync to clients, each with the behaviour the README documents under
+// "Bad conditions".
+func TestSpine_BadConditions(t *testing.T) {
+	s := startSpine(t, spineSchema+`
+		CREATE TABLE nokey (a text, b int);
+		CREATE TABLE odd (id int PRIMARY KEY, iv interval, raw bytea, pt point);
+		INSERT INTO nokey VALUES ('x', 1), ('x', 1);
+		INSERT INTO odd VALUES (1, '1 day 02:03:04', '\x00ff', '(1,2)');`)
+	ctx := context.Background()
+	s.waitCaughtUp(time.Minute)
+	for _, q := range []string{
+		`INSERT INTO nokey VALUES ('y', 2)`,
+		`INSERT INTO odd VALUES (2, '-5 minutes', '\xdeadbeef', '(3.5,-1)')`,
+		`UPDATE odd SET iv = iv * 2 WHERE id = 1`,
+	} {
+		if _, err := s.pg.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// Postgres itself refuses to update or delete rows of a published table
+	// that has no replica identity: nothing for jetsync to lose.
+	if _, err := s.pg.Exec(ctx, `UPDATE nokey SET b = 3 WHERE a = 'y'`); err == nil {
+		t.Error("Postgres accepted an UPDATE on a published table without a replica identity")
+	}
+	s.waitCaughtUp(time.Minute)
+	db := s.openReplica()
+	defer db.Close()
+
+	t.Run("NoPrimaryKey", func(t *testing.T) {
+		// Replicated as it stands upstream, duplicates included.
+		got := map[string]int{}
+		rows, err := db.Query(`SELECT a, count(*) FROM nokey GROUP BY a`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var a string
+			var n int
+			if err := rows.Scan(&a, &n); err != nil {
+				t.Fatal(err)
+			}
+			got[a] = n
+		}
+		if got["x"] != 2 || got["y"] != 1 || len(got) != 2 {
+			t.Errorf("nokey in the replica: %v; want x twice and y once", got)
+		}
+	})
+
+	t.Run("UnsupportedTypes", func(t *testing.T) {
+		// Carried as Postgres's text form, and marked unsupported so that
+		// no client is ever sent them.
+		pgRows, err := s.pg.Query(ctx, `SELECT id, iv::text, raw::text, pt::text FROM odd ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want [][4]string
+		for pgRows.Next() {
+			var r [4]string
+			var id int
+			if err := pgRows.Scan(&id, &r[1], &r[2], &r[3]); err != nil {
+				t.Fatal(err)
+			}
+			r[0] = strconv.Itoa(id)
+			want = append(want, r)
+		}
+		if err := pgRows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := db.Query(`SELECT id, iv, raw, pt FROM odd ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var got [][4]string
+		for rows.Next() {
+			var r [4]string
+			var id int
+			if err := rows.Scan(&id, &r[1], &r[2], &r[3]); err != nil {
+				t.Fatal(err)
+			}
+			r[0] = strconv.Itoa(id)
+			got = append(got, r)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("odd in the replica: %q; Postgres: %q", got, want)
+		}
+		var spec string
+		if err := db.QueryRow(`SELECT spec FROM "_jetsync.tables" WHERE name = 'odd'`).Scan(&spec); err != nil {
+			t.Fatal(err)
+		}
+		var ts streams.TableSpec
+		if err := json.Unmarshal([]byte(spec), &ts); err != nil {
+			t.Fatal(err)
+		}
+		kinds := map[string]streams.Kind{}
+		for _, c := range ts.Columns {
+			kinds[c.Name] = c.Kind
+		}
+		for _, c := range []string{"iv", "raw", "pt"} {
+			if kinds[c] != streams.KindUnsupported {
+				t.Errorf("column %s has kind %q; want %q", c, kinds[c], streams.KindUnsupported)
+			}
+		}
+		if kinds["id"] != streams.KindNumber {
+			t.Errorf("column id has kind %q; want number", kinds["id"])
+		}
+	})
 }

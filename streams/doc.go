@@ -3,6 +3,6 @@
 // bucket definitions. README.md beside this file documents it for analytics
 // consumers; keep the two in step.
 //
-// It imports nothing of jetsync's, so any Go program can decode the change
+// It imports nothing of jetsync's (only nats.go), so any Go program can decode the change
 // stream with it alone.
 package streams

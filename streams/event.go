@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Headers carried by every change message, so that a consumer can route and
@@ -328,4 +330,39 @@ func Value(raw json.RawMessage) (any, error) {
 		}
 		return f, nil
 	}
+}
+
+// Header returns the headers of a change message holding parts, which every
+// publisher must set: the dedup ID, the watermark and part of the last part,
+// the commit mark, and the replica version.
+func Header(parts []Part, replicaVersion string) nats.Header {
+	h := nats.Header{}
+	if len(parts) == 0 {
+		return h
+	}
+	first, last := parts[0], parts[len(parts)-1]
+	h.Set(HeaderMsgID, MsgID(first.Watermark, first.Num))
+	h.Set(HeaderWatermark, last.Watermark)
+	h.Set(HeaderPart, strconv.Itoa(last.Num))
+	if last.Last {
+		h.Set(HeaderCommit, last.Watermark)
+	}
+	if replicaVersion != "" {
+		h.Set(HeaderReplicaVersion, replicaVersion)
+	}
+	return h
+}
+
+// NewMsg encodes m as a message of shard s, on its table's subject (or the
+// tx subject) with its headers.
+func NewMsg(s Shard, m *Message, replicaVersion string) (*nats.Msg, error) {
+	data, err := Encode(m)
+	if err != nil {
+		return nil, err
+	}
+	subj := s.TxSubject()
+	if m.Table != "" {
+		subj = s.TableSubject(m.Schema, m.Table)
+	}
+	return &nats.Msg{Subject: subj, Data: data, Header: Header(m.Parts, replicaVersion)}, nil
 }

@@ -115,3 +115,31 @@ func TestEncodeKeepsHTML(t *testing.T) {
 		t.Error("Encode left a trailing newline")
 	}
 }
+
+func TestNewMsg(t *testing.T) {
+	s := Shard{App: "zero"}
+	m := &Message{Schema: "public", Table: "issue", Parts: []Part{
+		{Watermark: "0a", Last: true, Changes: []Change{}},
+		{Watermark: "0b", Last: true, Changes: []Change{}},
+	}}
+	msg, err := NewMsg(s, m, "09")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{HeaderMsgID: "0a:0", HeaderWatermark: "0b", HeaderPart: "0", HeaderCommit: "0b", HeaderReplicaVersion: "09"}
+	for k, v := range want {
+		if got := msg.Header.Get(k); got != v {
+			t.Errorf("header %s = %q; want %q", k, got, v)
+		}
+	}
+	if msg.Subject != "jetsync.zero_0.changes.public.issue" {
+		t.Errorf("subject = %q", msg.Subject)
+	}
+	tx, err := NewMsg(s, &Message{Parts: []Part{{Watermark: "0c", Num: 3, Changes: []Change{}}}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tx.Subject != s.TxSubject() || tx.Header.Get(HeaderCommit) != "" || tx.Header.Get(HeaderPart) != "3" {
+		t.Errorf("tx message: subject %q, headers %v", tx.Subject, tx.Header)
+	}
+}

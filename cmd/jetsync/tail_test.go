@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/nats-config/natstest"
@@ -22,26 +21,13 @@ var testShard = streams.Shard{App: "zero", Num: 0}
 // the contract requires, and returns its stream sequence.
 func publish(t *testing.T, js jetstream.JetStream, m *streams.Message) uint64 {
 	t.Helper()
-	data, err := streams.Encode(m)
+	msg, err := streams.NewMsg(testShard, m, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	subj := testShard.TxSubject()
-	if m.Table != "" {
-		subj = testShard.TableSubject(m.Schema, m.Table)
-	}
-	first, last := m.Parts[0], m.Parts[len(m.Parts)-1]
-	msg := nats.NewMsg(subj)
-	msg.Data = data
-	msg.Header.Set(streams.HeaderMsgID, streams.MsgID(first.Watermark, first.Num))
-	msg.Header.Set(streams.HeaderWatermark, last.Watermark)
-	msg.Header.Set(streams.HeaderPart, "0")
-	if last.Last {
-		msg.Header.Set(streams.HeaderCommit, last.Watermark)
-	}
 	ack, err := js.PublishMsg(context.Background(), msg)
 	if err != nil {
-		t.Fatalf("publish %s: %v", subj, err)
+		t.Fatalf("publish %s: %v", msg.Subject, err)
 	}
 	return ack.Sequence
 }

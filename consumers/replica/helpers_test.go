@@ -80,18 +80,7 @@ func (e *env) publishRaw(schema, table string, data []byte, parts []streams.Part
 	if table != "" {
 		subj = e.shard.TableSubject(schema, table)
 	}
-	msg := nats.NewMsg(subj)
-	msg.Data = data
-	if len(parts) > 0 {
-		first, last := parts[0], parts[len(parts)-1]
-		msg.Header.Set(streams.HeaderMsgID, streams.MsgID(first.Watermark, first.Num))
-		msg.Header.Set(streams.HeaderWatermark, last.Watermark)
-		msg.Header.Set(streams.HeaderPart, strconv.Itoa(last.Num))
-		if last.Last {
-			msg.Header.Set(streams.HeaderCommit, last.Watermark)
-		}
-		msg.Header.Set(streams.HeaderReplicaVersion, e.version)
-	}
+	msg := &nats.Msg{Subject: subj, Data: data, Header: streams.Header(parts, e.version)}
 	ack, err := e.js.PublishMsg(context.Background(), msg)
 	if err != nil {
 		e.t.Fatalf("publish: %v", err)

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/replica"
@@ -138,24 +137,10 @@ func (e *env) nextWM() string {
 
 func (e *env) publish(m *streams.Message) uint64 {
 	e.t.Helper()
-	data, err := streams.Encode(m)
+	msg, err := streams.NewMsg(e.shard, m, e.version)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	subj := e.shard.TxSubject()
-	if m.Table != "" {
-		subj = e.shard.TableSubject(m.Schema, m.Table)
-	}
-	msg := nats.NewMsg(subj)
-	msg.Data = data
-	first, last := m.Parts[0], m.Parts[len(m.Parts)-1]
-	msg.Header.Set(streams.HeaderMsgID, streams.MsgID(first.Watermark, first.Num))
-	msg.Header.Set(streams.HeaderWatermark, last.Watermark)
-	msg.Header.Set(streams.HeaderPart, strconv.Itoa(last.Num))
-	if last.Last {
-		msg.Header.Set(streams.HeaderCommit, last.Watermark)
-	}
-	msg.Header.Set(streams.HeaderReplicaVersion, e.version)
 	ack, err := e.js.PublishMsg(context.Background(), msg)
 	if err != nil {
 		e.t.Fatalf("publish: %v", err)

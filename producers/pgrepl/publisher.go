@@ -134,16 +134,9 @@ func (p *publisher) publish(m *outMsg) error {
 			return err
 		}
 	}
-	first, last := m.first(), m.last()
-	msg := &nats.Msg{Subject: m.subject, Data: data, Header: nats.Header{}}
-	msg.Header.Set(streams.HeaderWatermark, last.Watermark)
-	msg.Header.Set(streams.HeaderPart, strconv.Itoa(last.Num))
-	if last.Last {
-		msg.Header.Set(streams.HeaderCommit, last.Watermark)
-	}
-	msg.Header.Set(streams.HeaderReplicaVersion, p.replicaVersion)
+	// The subject is the table's, cached by the decoder.
+	msg := &nats.Msg{Subject: m.subject, Data: data, Header: streams.Header(m.msg.Parts, p.replicaVersion)}
 	fut, err := p.js.PublishMsgAsync(msg,
-		jetstream.WithMsgID(streams.MsgID(first.Watermark, first.Num)),
 		jetstream.WithExpectLastSequence(p.next-1),
 		jetstream.WithStallWait(stallWait))
 	if err != nil {

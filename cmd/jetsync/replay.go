@@ -42,18 +42,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parseFlags(fs, e, stdout, replaySummary, args); err != nil {
 		return err
 	}
-	log, err := c.logger(stderr)
-	if err != nil {
-		return err
-	}
-	shard, err := c.shard()
-	if err != nil {
-		return err
-	}
-	subject, err := c.filter(shard)
-	if err != nil {
-		return err
-	}
+	var err error
 	var from, to position
 	if c.from != "" {
 		if from, err = parsePosition(c.from); err != nil {
@@ -73,18 +62,15 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return usageError("--into %s: file exists; replay builds a new replica", c.into)
 		}
 	}
-	ctx, stop := notifyContext(ctx, log)
-	defer stop()
-
-	nc, err := connectNATS(c.natsURL, "jetsync replay", log)
+	s, err := c.connect(stderr, "jetsync replay")
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
+	defer s.nc.Close()
+	log, shard, js := s.log, s.shard, s.js
+	ctx, stop := notifyContext(ctx, log)
+	defer stop()
+
 	st, err := js.Stream(ctx, shard.ChangesStream())
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", shard.ChangesStream(), err)
@@ -136,7 +122,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// An ordered consumer with a filter waits forever for a message that
 	// never comes, so look first whether the range holds one.
-	head, err := st.GetMsg(ctx, fromSeq, jetstream.WithGetMsgSubject(subject))
+	head, err := st.GetMsg(ctx, fromSeq, jetstream.WithGetMsgSubject(s.subjects[0]))
 	if errors.Is(err, jetstream.ErrMsgNotFound) || err == nil && head.Sequence > toSeq {
 		return nil
 	}
@@ -144,7 +130,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("get message %d: %w", fromSeq, err)
 	}
 	cons, err := js.OrderedConsumer(ctx, shard.ChangesStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
+		FilterSubjects: s.subjects,
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    head.Sequence,
 	})

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/streams"
@@ -15,7 +16,8 @@ import (
 
 const tailSummary = `Print change events live as they enter the stream, one line per change.
 It starts at new messages (an ordered consumer with DeliverNew) and runs until
-interrupted. --table follows one table's subject; --json prints JSON lines.`
+interrupted. --table follows one table's subject (and the tx subject, where
+transactions spanning tables end); --json prints JSON lines.`
 
 // streamClient is what tail and replay share: a connection to the server
 // holding the change stream, and the stream.
@@ -33,16 +35,49 @@ func (c *streamClient) register(fs *flag.FlagSet, e *env) {
 	fs.BoolVar(&c.json, "json", false, "print one JSON object per line")
 }
 
-// filter is the subject to follow: the table's, or the whole shard's.
-func (c *streamClient) filter(shard streams.Shard) (string, error) {
+// subjects are what to follow: the whole shard, or one table's subject and
+// the tx subject, where transactions spanning subjects end.
+func (c *streamClient) subjects(shard streams.Shard) ([]string, error) {
 	schema, table, err := parseTable(c.table)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if table == "" {
-		return shard.ChangesFilter(), nil
+		return []string{shard.ChangesFilter()}, nil
 	}
-	return shard.TableSubject(schema, table), nil
+	return []string{shard.TableSubject(schema, table), shard.TxSubject()}, nil
+}
+
+// streamSession is a connected streamClient.
+type streamSession struct {
+	log      *slog.Logger
+	shard    streams.Shard
+	subjects []string
+	nc       *nats.Conn
+	js       jetstream.JetStream
+}
+
+// connect resolves c's settings and connects to the server as name.
+func (c *streamClient) connect(stderr io.Writer, name string) (*streamSession, error) {
+	var s streamSession
+	var err error
+	if s.log, err = c.logger(stderr); err != nil {
+		return nil, err
+	}
+	if s.shard, err = c.shard(); err != nil {
+		return nil, err
+	}
+	if s.subjects, err = c.subjects(s.shard); err != nil {
+		return nil, err
+	}
+	if s.nc, err = connectNATS(c.natsURL, name, s.log); err != nil {
+		return nil, err
+	}
+	if s.js, err = jetstream.New(s.nc); err != nil {
+		s.nc.Close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &s, nil
 }
 
 func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,32 +88,17 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := parseFlags(fs, e, stdout, tailSummary, args); err != nil {
 		return err
 	}
-	log, err := c.logger(stderr)
+	s, err := c.connect(stderr, "jetsync tail")
 	if err != nil {
 		return err
 	}
-	shard, err := c.shard()
-	if err != nil {
-		return err
-	}
-	subject, err := c.filter(shard)
-	if err != nil {
-		return err
-	}
+	defer s.nc.Close()
+	log, shard, js := s.log, s.shard, s.js
 	ctx, stop := notifyContext(ctx, log)
 	defer stop()
 
-	nc, err := connectNATS(c.natsURL, "jetsync tail", log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
 	cons, err := js.OrderedConsumer(ctx, shard.ChangesStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject},
+		FilterSubjects: s.subjects,
 		DeliverPolicy:  jetstream.DeliverNewPolicy,
 	})
 	if err != nil {
@@ -89,7 +109,7 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("consume %s: %w", shard.ChangesStream(), err)
 	}
 	defer it.Stop()
-	log.Info("tailing", "stream", shard.ChangesStream(), "subject", subject, "nats", redact(c.natsURL))
+	log.Info("tailing", "stream", shard.ChangesStream(), "subjects", s.subjects, "nats", redact(c.natsURL))
 	p := newPrinter(stdout, c.json)
 	return follow(ctx, it, func(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
 		return true, printMsg(p, msg, md, log)

@@ -5,6 +5,7 @@ go 1.26.0
 require github.com/nats-io/nats.go v1.55.0
 
 require (
+	github.com/MicahParks/jwkset v0.11.4 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect

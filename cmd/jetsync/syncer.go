@@ -15,13 +15,19 @@ import (
 // names.
 type authFlags struct {
 	secret   string
+	jwk      string
+	jwksURL  string
 	issuer   string
 	audience string
 }
 
 func (a *authFlags) register(fs *flag.FlagSet, e *env) {
 	a.secret = e.str("ZERO_AUTH_SECRET", "")
-	fs.Var(hidden{&a.secret}, "auth-secret", "shared secret verifying HS256/384/512 JWTs; unset: tokens are not verified [ZERO_AUTH_SECRET]")
+	fs.Var(hidden{&a.secret}, "auth-secret", "shared secret verifying HS256/384/512 JWTs [ZERO_AUTH_SECRET]")
+	// A JWK is usually public, but an "oct" one is a secret.
+	a.jwk = e.str("ZERO_AUTH_JWK", "")
+	fs.Var(hidden{&a.jwk}, "auth-jwk", "JSON Web Key verifying JWTs (RS*, PS*, ES*, EdDSA; HS* for an oct key) [ZERO_AUTH_JWK]")
+	fs.StringVar(&a.jwksURL, "auth-jwks-url", e.str("ZERO_AUTH_JWKS_URL", ""), "URL of a JSON Web Key Set verifying JWTs; cached, refetched for an unknown kid [ZERO_AUTH_JWKS_URL]")
 	fs.StringVar(&a.issuer, "auth-issuer", e.str("ZERO_AUTH_ISSUER", ""), "required iss claim [ZERO_AUTH_ISSUER]")
 	fs.StringVar(&a.audience, "auth-audience", e.str("ZERO_AUTH_AUDIENCE", ""), "required aud claim [ZERO_AUTH_AUDIENCE]")
 }
@@ -46,6 +52,8 @@ func newSyncServer(h *httpServer, file string, cons *replica.Consumer, shard str
 		Replica:      cons,
 		Shard:        shard,
 		AuthSecret:   a.secret,
+		AuthJWK:      a.jwk,
+		AuthJWKSURL:  a.jwksURL,
 		AuthIssuer:   a.issuer,
 		AuthAudience: a.audience,
 		Logger:       log.With("component", "view-syncer"),

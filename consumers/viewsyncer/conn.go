@@ -165,7 +165,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		base: p.baseCookie, hasBase: p.hasBase, wake: make(chan struct{}, 1),
 		log: log.With("client_group", p.clientGroupID, "client", p.clientID),
 	}
-	authData, perr := s.authenticate(sp.AuthToken, p.userID)
+	authData, perr := s.authenticate(r.Context(), sp.AuthToken, p.userID, true)
 	if perr != nil {
 		closeWithError(ws, perr)
 		return
@@ -249,7 +249,7 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 	case tagDeleteClients:
 		err = c.g.deleteClients(ctx, c, u.DeleteClients.ClientIDs)
 	case tagUpdateAuth:
-		authData, perr := c.s.authenticate(u.UpdateAuth.Auth, c.userID)
+		authData, perr := c.s.authenticate(ctx, u.UpdateAuth.Auth, c.userID, false)
 		if perr != nil {
 			err = perr
 		} else {

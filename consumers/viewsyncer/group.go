@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
@@ -49,13 +50,14 @@ type group struct {
 	authGen  int
 }
 
-// pipeline is a got query's evaluation state. This walking skeleton
-// re-hydrates the whole query when a table it reads changes; the bounded
-// incremental engine replaces it behind the same fields.
+// pipeline is a got query's evaluation state: its view follows the
+// replica's changed rows, and re-hydrates only after a Reset, a schema or
+// rules change, or a gap in the changes it saw.
 type pipeline struct {
 	hash     string
 	internal bool
 	query    *zql.Query
+	view     *zql.View
 	schema   *schema
 	// perms and authGen are what a legacy query was transformed with, and
 	// transformed the hash of the result: the AST actually run.
@@ -239,11 +241,24 @@ func (g *group) nextEviction(now time.Time) time.Time {
 	return next
 }
 
+// changeSet is what the replica changed between two snapshots.
+type changeSet struct {
+	tables map[string]bool
+	rows   []zql.Change
+}
+
+func (cs *changeSet) add(rcs []replica.RowChange) {
+	for _, rc := range rcs {
+		cs.tables[rc.Table] = true
+		cs.rows = append(cs.rows, zql.Change{Table: rc.Table, Old: rc.Old, New: rc.New})
+	}
+}
+
 // sync brings the pipelines in line with the CVR at snapshot snap: it
-// removes expired queries, hydrates missing ones, and re-hydrates those that
-// read a table in changed (all of them if changed is nil). Then it flushes
-// and pokes.
-func (g *group) sync(ctx context.Context, snap *snapshot, changed map[string]bool) error {
+// removes expired queries, hydrates missing ones, and updates those that
+// read a table in changed from its rows (re-hydrating all of them if
+// changed is nil). Then it flushes and pokes, once.
+func (g *group) sync(ctx context.Context, snap *snapshot, changed *changeSet) error {
 	if snap == nil || snap.version == "" {
 		return nil
 	}
@@ -254,7 +269,7 @@ func (g *group) sync(ctx context.Context, snap *snapshot, changed map[string]boo
 	return nil
 }
 
-func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed map[string]bool) error {
+func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeSet) error {
 	if changed != nil && stateOf(g.cvr.version) < snap.from {
 		// The pipelines missed changes before snap.from.
 		changed = nil
@@ -283,10 +298,16 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed map[stri
 			g.removePipeline(u, p)
 			continue
 		}
-		if !rebuilt && changed != nil && !intersects(p.tables, changed) {
+		if !rebuilt && changed != nil && !intersects(p.tables, changed.tables) {
 			continue
 		}
-		if err := g.hydrate(ctx, u, snap, p); err != nil {
+		if rebuilt || changed == nil {
+			if err := g.hydrate(ctx, u, snap, p); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := g.update(ctx, u, snap, p, changed.rows); err != nil {
 			return err
 		}
 	}
@@ -365,7 +386,7 @@ func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	p.query, p.schema, p.tables = q, snap.schema, astTables(ast, nil)
+	p.query, p.view, p.schema, p.tables = q, q.NewView(), snap.schema, astTables(ast, nil)
 	return true, nil
 }
 
@@ -385,10 +406,12 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 // hydrate evaluates p on snap and moves the CVR's references to its new
 // result.
 func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
-	res, err := p.query.Hydrate(ctx, snap.tx)
+	res, err := p.view.Hydrate(ctx, snap.tx)
 	if err != nil {
 		return fmt.Errorf("hydrate %s: %w", p.hash, err)
 	}
+	g.s.metrics.hydrations.Inc()
+	g.s.metrics.rowsRead.Add(float64(res.RowsRead))
 	tables := make([]string, 0, len(res.Rows))
 	for t := range res.Rows {
 		tables = append(tables, t)
@@ -428,6 +451,66 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 	}
 	p.rows = now
 	return nil
+}
+
+// update moves p's view to snap, given the rows changed since its last
+// snapshot, and the CVR's references with it.
+func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeline, changes []zql.Change) error {
+	d, err := p.view.Update(ctx, snap.tx, changes)
+	if err != nil {
+		return fmt.Errorf("update %s: %w", p.hash, err)
+	}
+	g.s.metrics.rowsRead.Add(float64(d.RowsRead))
+	if d.Rehydrated {
+		g.s.metrics.fallbacks.Inc()
+	}
+	for _, table := range sortedKeys(d.Del) {
+		pk := snap.schema.tables[table].pk
+		for _, r := range d.Del[table] {
+			id, _, err := rowID(table, pk, r)
+			if err != nil {
+				return err
+			}
+			if _, ok := p.rows[id]; !ok {
+				continue
+			}
+			rec := g.cvr.rows[id]
+			u.touchRow(id, rec)
+			delete(rec.refs, p.hash)
+			delete(p.rows, id)
+		}
+	}
+	for _, table := range sortedKeys(d.Put.Rows) {
+		pk := snap.schema.tables[table].pk
+		for i, r := range d.Put.Rows[table] {
+			id, key, err := rowID(table, pk, r)
+			if err != nil {
+				return err
+			}
+			rec := g.cvr.rows[id]
+			u.touchRow(id, rec)
+			if rec == nil {
+				rec = &rowRecord{table: table, id: key}
+				g.cvr.rows[id] = rec
+			}
+			if rec.refs == nil {
+				rec.refs = map[string]int{}
+			}
+			rec.refs[p.hash] = 1
+			rec.value, rec.rowVersion = r, d.Put.Versions[table][i]
+			p.rows[id] = struct{}{}
+		}
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // finishRows turns the update's reference changes into row patches: a put

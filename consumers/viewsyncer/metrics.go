@@ -11,6 +11,9 @@ type metrics struct {
 	pokes       prometheus.Counter
 	advances    prometheus.Counter
 	closedSlow  prometheus.Counter
+	hydrations  prometheus.Counter
+	fallbacks   prometheus.Counter
+	rowsRead    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -31,11 +34,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "jetsync", Subsystem: "sync", Name: "slow_clients_closed_total",
 			Help: "Connections closed because their send queue overflowed.",
 		}),
+		hydrations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "jetsync", Subsystem: "sync", Name: "query_hydrations_total",
+			Help: "Full query hydrations: new queries, and re-runs after a reset or a rules or schema change.",
+		}),
+		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "jetsync", Subsystem: "sync", Name: "query_update_fallbacks_total",
+			Help: "Incremental query updates that re-ran the whole query instead.",
+		}),
+		rowsRead: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "jetsync", Subsystem: "sync", Name: "replica_rows_read_total",
+			Help: "Replica rows read to hydrate and update queries.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.connections, m.pokes, m.advances, m.closedSlow} {
+	for _, c := range []prometheus.Collector{m.connections, m.pokes, m.advances, m.closedSlow, m.hydrations, m.fallbacks, m.rowsRead} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -57,6 +58,13 @@ type Config struct {
 	// AuthSecret is ZERO_AUTH_SECRET: when set, tokens are verified as
 	// HS256/384/512 JWTs with it.
 	AuthSecret string
+	// AuthJWK is ZERO_AUTH_JWK: when set, tokens are verified with this
+	// public JSON Web Key (RS*, PS*, ES*, EdDSA, or HS* for an "oct" key).
+	AuthJWK string
+	// AuthJWKSURL is ZERO_AUTH_JWKS_URL: when set, tokens are verified with
+	// the JSON Web Key Set it serves (jwk.go: cached, refetched for an
+	// unknown kid). At most one of AuthSecret, AuthJWK and AuthJWKSURL.
+	AuthJWKSURL string
 	// AuthIssuer and AuthAudience are ZERO_AUTH_ISSUER and
 	// ZERO_AUTH_AUDIENCE, checked when set.
 	AuthIssuer, AuthAudience string
@@ -97,7 +105,7 @@ func (c Config) Validate() error {
 	if c.MaxPayloadBytes < 1 || c.MaxQueueBytes < 1 {
 		return errors.New("max payload and queue bytes must be positive")
 	}
-	return nil
+	return c.validateAuth()
 }
 
 // Server is the view-syncer.
@@ -106,6 +114,7 @@ type Server struct {
 	log          *slog.Logger
 	db           *sql.DB
 	store        cvrStore
+	auth         *tokenVerifier // nil: no key configured
 	metrics      *metrics
 	clientsTable string
 	permsTable   string
@@ -122,6 +131,10 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	auth, err := newTokenVerifier(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -136,6 +149,7 @@ func New(cfg Config) (*Server, error) {
 		log:          cfg.Logger.With("component", "view-syncer"),
 		db:           db,
 		store:        newMemStore(),
+		auth:         auth,
 		metrics:      m,
 		clientsTable: projreplica.TableName(cfg.Shard.ID(), "clients"),
 		permsTable:   projreplica.TableName(cfg.Shard.App, "permissions"),
@@ -190,13 +204,8 @@ func (s *Server) Run(ctx context.Context) error {
 // advance opens a snapshot at u.To (taking in later updates until the
 // snapshot and the updates agree) and advances each group to it.
 func (s *Server) advance(ctx context.Context, sub *replica.Subscription, u replica.Update) error {
-	changed := map[string]bool{}
-	addChanges := func(u replica.Update) {
-		for _, rc := range u.Changes {
-			changed[rc.Table] = true
-		}
-	}
-	addChanges(u)
+	changed := &changeSet{tables: map[string]bool{}}
+	changed.add(u.Changes)
 	reset := u.Reset
 	for {
 		snap, err := s.openSnapshot(ctx)
@@ -211,16 +220,8 @@ func (s *Server) advance(ctx context.Context, sub *replica.Subscription, u repli
 			if reset {
 				changed = nil
 			}
-			defer snap.close()
 			s.metrics.advances.Inc()
-			for _, g := range s.groupList() {
-				if err := g.advance(ctx, snap, changed); err != nil {
-					if ctx.Err() != nil {
-						return err
-					}
-					g.log.Error("advance group", "err", err)
-				}
-			}
+			s.advanceGroups(ctx, snap, changed)
 			return nil
 		}
 		snap.close()
@@ -230,11 +231,57 @@ func (s *Server) advance(ctx context.Context, sub *replica.Subscription, u repli
 		if err != nil {
 			return err
 		}
-		addChanges(next)
+		if !reset && !next.Reset {
+			changed.add(next.Changes)
+		}
 		reset = reset || next.Reset
 		u.To = next.To
 	}
 }
+
+// advanceGroups advances every group to snap, in parallel: each worker
+// reads its own snapshot at snap's watermark, and takes the next group
+// when done with one, so a slow group holds up one worker only. It closes
+// snap.
+func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *changeSet) {
+	groups := s.groupList()
+	snaps := []*snapshot{snap}
+	workers := min(len(groups), runtime.GOMAXPROCS(0), maxAdvanceWorkers)
+	for len(snaps) < workers {
+		sn, err := s.openSnapshotLike(ctx, snap)
+		if err != nil {
+			s.log.Warn("open a snapshot for a parallel advance", "err", err)
+		}
+		if sn == nil {
+			break // the replica moved on: fewer workers this time
+		}
+		snaps = append(snaps, sn)
+	}
+	next := make(chan *group)
+	var wg sync.WaitGroup
+	for _, sn := range snaps {
+		wg.Go(func() {
+			defer sn.close()
+			for g := range next {
+				if err := g.advance(ctx, sn, changed); err != nil && ctx.Err() == nil {
+					g.log.Error("advance group", "err", err)
+				}
+			}
+		})
+	}
+	for _, g := range groups {
+		select {
+		case next <- g:
+		case <-ctx.Done():
+		}
+	}
+	close(next)
+	wg.Wait()
+}
+
+// maxAdvanceWorkers bounds the groups advanced at once, leaving read
+// connections for the clients' own hydrations.
+const maxAdvanceWorkers = DefaultReadConns / 2
 
 func (s *Server) evictLoop(ctx context.Context) error {
 	t := time.NewTicker(evictInterval)
@@ -311,6 +358,23 @@ type snapshot struct {
 
 func (sn *snapshot) close() { _ = sn.tx.Rollback() }
 
+// openSnapshotLike opens another read transaction at like's watermark,
+// sharing its schema and rules; nil means the replica is past it already.
+func (s *Server) openSnapshotLike(ctx context.Context, like *snapshot) (*snapshot, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("begin replica read: %w", err)
+	}
+	st, err := projreplica.LoadState(ctx, tx)
+	if err != nil || st.Watermark != like.version {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	sn := *like
+	sn.tx = tx
+	return &sn, nil
+}
+
 // openSnapshot opens a read transaction on the replica; nil means there is
 // no replica yet.
 func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
@@ -382,10 +446,10 @@ func (s *Server) lmidsAST(groupID string, sch *schema) *zql.AST {
 	return ast
 }
 
-// advance moves the group to snap, re-hydrating the queries that read a
-// changed table (all of them when changed is nil). Groups without
+// advance moves the group to snap, updating the queries that read a
+// changed table (re-hydrating all of them when changed is nil). Groups without
 // connections wait: they re-hydrate when a client returns.
-func (g *group) advance(ctx context.Context, snap *snapshot, changed map[string]bool) error {
+func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.hasReady() || snap.version <= stateOf(g.cvr.version) {
@@ -444,7 +508,7 @@ func (g *group) evict(ctx context.Context, now time.Time) error {
 // unless the snapshot is newer than the group's rows.
 func (g *group) syncAt(ctx context.Context, snap *snapshot) error {
 	snap.from = snap.version
-	return g.sync(ctx, snap, map[string]bool{})
+	return g.sync(ctx, snap, &changeSet{tables: map[string]bool{}})
 }
 
 func (g *group) hasReady() bool {

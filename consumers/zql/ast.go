@@ -12,7 +12,9 @@
 // Compile turns an AST into an immutable Query; Query.Hydrate evaluates it
 // against a snapshot. All per-evaluation state (memoized lookups, resolved
 // scalar subqueries, the rows reached) lives in one hydration and is dropped
-// with it.
+// with it. A View (view.go) keeps a query's result across snapshots and
+// updates it from the replica's changed rows, re-reading only what they
+// can affect.
 package zql
 
 import (

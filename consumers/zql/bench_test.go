@@ -46,5 +46,83 @@ func BenchmarkHydrate(b *testing.B) {
 				}
 			}
 		})
+		// A view hydrates the same rows and keeps what it needs to update.
+		b.Run(bc.name+"/view", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				res, err := q.NewView().Hydrate(context.Background(), tx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if bc.rows > 0 && res.Len() != bc.rows {
+					b.Fatalf("Hydrate: %d rows; want %d", res.Len(), bc.rows)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkView_UpdateOneRow times one issue update on 100,000 issues: the
+// first row of the window moves past its end (so the window refills), then
+// the view either updates from the change or re-runs the query, as the
+// view-syncer did before views.
+func BenchmarkView_UpdateOneRow(b *testing.B) {
+	db := seedIssues(b, 100000)
+	ctx := context.Background()
+	for _, bc := range []struct{ name, ast string }{
+		{"open-by-modified-limit-50", `{"table":"issue","where":` + simpleJSON("open", "=", "true") + `,"orderBy":[["modified","asc"]],"limit":50}`},
+		{"open-by-title-limit-50", `{"table":"issue","where":` + simpleJSON("open", "=", "true") + `,"orderBy":[["title","asc"]],"limit":50}`},
+		{"open-no-limit", `{"table":"issue","where":` + simpleJSON("open", "=", "true") + `}`},
+	} {
+		ast, err := ParseAST([]byte(bc.ast))
+		if err != nil {
+			b.Fatal(err)
+		}
+		q, err := Compile(benchSchema, ast)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, mode := range []string{"update", "rehydrate"} {
+			b.Run(bc.name+"/"+mode, func(b *testing.B) {
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer tx.Rollback()
+				v := q.NewView()
+				res, err := v.Hydrate(ctx, tx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ids := make([]string, 0, 50)
+				for _, r := range res.Rows["issue"][:50] {
+					ids = append(ids, r["id"].(string))
+				}
+				rows, i := 0, 0
+				for b.Loop() {
+					id := ids[i%len(ids)]
+					i++
+					old := readIssue(b, tx, id)
+					if _, err := tx.ExecContext(ctx, `UPDATE issue SET modified = ?, title = 'zz' || title WHERE id = ?`, 2e12+float64(i), id); err != nil {
+						b.Fatal(err)
+					}
+					c := Change{Table: "issue", Old: old, New: readIssue(b, tx, id)}
+					if mode == "update" {
+						d, err := v.Update(ctx, tx, []Change{c})
+						if err != nil {
+							b.Fatal(err)
+						}
+						rows += d.RowsRead
+					} else {
+						res, err := q.Hydrate(ctx, tx)
+						if err != nil {
+							b.Fatal(err)
+						}
+						rows += res.RowsRead
+					}
+				}
+				b.ReportMetric(float64(rows)/float64(i), "rows/op")
+			})
+		}
 	}
 }

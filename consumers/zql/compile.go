@@ -17,11 +17,32 @@ type Query struct {
 	// scalars lists the scalar subqueries to resolve before execution, inner
 	// ones first.
 	scalars []*existsCond
+
+	// What a View needs to map a changed row to the root rows it affects.
+	// byTable lists the non-root nodes of each table; chains the nodes
+	// reached from the root through EXISTS hops only, whose rows decide
+	// which root rows pass; scalarTables the tables scalar subqueries read.
+	tables       map[string]*table
+	byTable      map[string][]*node
+	chains       map[string][]chain
+	scalarTables map[string]bool
+	nodes        int
+}
+
+// chain is a path of EXISTS hops from the root to a node.
+type chain struct {
+	path []*existsCond
+	// from holds the node each hop of path leaves from.
+	from []*node
 }
 
 // node is one (sub)query: a table with its filter, ordering and hops.
 type node struct {
 	t *table
+	// id numbers the nodes of a query; via is the child columns of the hop
+	// that reaches the node (nil for the root).
+	id  int
+	via []int
 	// where is nil when every row passes.
 	where cond
 	// order is the completed ordering; orderSQL its ORDER BY clause.
@@ -61,6 +82,8 @@ type relation struct {
 
 // existsCond is an EXISTS or NOT EXISTS condition.
 type existsCond struct {
+	// from is the node whose where holds the condition.
+	from          *node
 	not           bool
 	flip          bool
 	parent, child []int
@@ -86,7 +109,58 @@ func Compile(s Schema, ast *AST) (*Query, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Query{root: root, scalars: c.scalars}, nil
+	q := &Query{root: root, scalars: c.scalars, tables: map[string]*table{}, byTable: map[string][]*node{},
+		chains: map[string][]chain{}, scalarTables: map[string]bool{}}
+	q.index(root, nil, true)
+	scalar := map[*existsCond]bool{}
+	for _, e := range c.scalars {
+		scalar[e] = true
+		e.node.tables(q.scalarTables)
+	}
+	q.indexChains(root, chain{}, scalar)
+	return q, nil
+}
+
+// index numbers the nodes under n and files them by table.
+func (q *Query) index(n *node, via []int, root bool) {
+	n.id, n.via = q.nodes, via
+	q.nodes++
+	q.tables[n.t.name] = n.t
+	if !root {
+		q.byTable[n.t.name] = append(q.byTable[n.t.name], n)
+	}
+	for _, e := range n.exists {
+		q.index(e.node, e.child, false)
+	}
+	for _, r := range n.related {
+		q.index(r.node, r.child, false)
+	}
+}
+
+// indexChains records the nodes reached from n through EXISTS hops that
+// are evaluated per row (not resolved once as scalars, not never-matching).
+func (q *Query) indexChains(n *node, c chain, scalar map[*existsCond]bool) {
+	for _, e := range n.exists {
+		if e.never || scalar[e] {
+			continue
+		}
+		next := chain{
+			path: append(append([]*existsCond(nil), c.path...), e),
+			from: append(append([]*node(nil), c.from...), n),
+		}
+		q.chains[e.node.t.name] = append(q.chains[e.node.t.name], next)
+		q.indexChains(e.node, next, scalar)
+	}
+}
+
+func (n *node) tables(into map[string]bool) {
+	into[n.t.name] = true
+	for _, e := range n.exists {
+		e.node.tables(into)
+	}
+	for _, r := range n.related {
+		r.node.tables(into)
+	}
 }
 
 type compiler struct {
@@ -228,7 +302,7 @@ func (c *compiler) exists(n *node, w *Condition, private bool) (cond, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &existsCond{not: w.Op == "NOT EXISTS", parent: parent, child: child, node: cn}
+	e := &existsCond{from: n, not: w.Op == "NOT EXISTS", parent: parent, child: child, node: cn}
 	// The planner never flips a NOT EXISTS (corpus item 10).
 	e.flip = w.Flip != nil && *w.Flip && !e.not
 	e.never = e.flip && r.Subquery.Limit != nil

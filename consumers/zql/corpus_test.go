@@ -134,6 +134,11 @@ func checkRecord(t *testing.T, q Querier, rec hydrateRecord) error {
 	if err != nil {
 		return fmt.Errorf("Hydrate: %w", err)
 	}
+	return checkResult(res, rec)
+}
+
+// checkResult compares res with rec's rows.
+func checkResult(res *Result, rec hydrateRecord) error {
 	got := map[string]map[string]map[string]any{}
 	for table, rows := range res.Rows {
 		got[table] = map[string]map[string]any{}

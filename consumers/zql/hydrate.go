@@ -28,6 +28,8 @@ type Result struct {
 	Rows map[string][]Row
 	// Versions holds each row's _0_version, parallel to Rows.
 	Versions map[string][]string
+	// RowsRead counts the rows read from the replica to compute it.
+	RowsRead int
 }
 
 // Len is the number of rows over all tables.
@@ -50,7 +52,21 @@ func Hydrate(ctx context.Context, q Querier, s Schema, ast *AST) (*Result, error
 
 // Hydrate evaluates the query on q and returns every row to sync.
 func (qu *Query) Hydrate(ctx context.Context, q Querier) (*Result, error) {
-	h := &hydration{
+	h := newHydration(ctx, q)
+	for _, e := range qu.scalars {
+		if err := h.resolve(e); err != nil {
+			return nil, err
+		}
+	}
+	if err := h.root(qu.root); err != nil {
+		return nil, err
+	}
+	h.res.RowsRead = h.rowsRead
+	return h.res, nil
+}
+
+func newHydration(ctx context.Context, q Querier) *hydration {
+	return &hydration{
 		ctx:     ctx,
 		q:       q,
 		lookups: map[*node]*lookup{},
@@ -60,15 +76,6 @@ func (qu *Query) Hydrate(ctx context.Context, q Querier) (*Result, error) {
 		indexed: map[string]map[string]bool{},
 		res:     &Result{Rows: map[string][]Row{}, Versions: map[string][]string{}},
 	}
-	for _, e := range qu.scalars {
-		if err := h.resolve(e); err != nil {
-			return nil, err
-		}
-	}
-	if err := h.root(qu.root); err != nil {
-		return nil, err
-	}
-	return h.res, nil
 }
 
 // bulkAfter is how many keys a hop looks up one by one, on a column no
@@ -87,6 +94,10 @@ type hydration struct {
 	at      map[string]map[string]int
 	indexed map[string]map[string]bool
 	res     *Result
+	// cur, when set, collects what is emitted and looked up instead of res:
+	// a View keeps each root row's share of the result apart.
+	cur      *collector
+	rowsRead int
 }
 
 type row struct {
@@ -292,6 +303,9 @@ func (h *hydration) children(n *node, child []int, key []any) ([]*row, error) {
 			return nil, nil
 		}
 	}
+	if h.cur != nil {
+		h.cur.dep(n, key)
+	}
 	lk := h.lookups[n]
 	if lk == nil {
 		lk = &lookup{byKey: map[string][]*row{}}
@@ -429,6 +443,7 @@ func (h *hydration) scan(t *table, query string, args []any, fn func(*row) (bool
 		ptrs[i] = &raw[i]
 	}
 	for rows.Next() {
+		h.rowsRead++
 		if err := rows.Scan(ptrs...); err != nil {
 			return fmt.Errorf("scan %s: %w", t.name, err)
 		}
@@ -518,6 +533,10 @@ func sqlKey(v any) any {
 }
 
 func (h *hydration) add(t *table, key string, r *row) {
+	if h.cur != nil {
+		h.cur.add(t, key, r)
+		return
+	}
 	at := h.at[t.name]
 	if at == nil {
 		at = map[string]int{}

@@ -32,27 +32,7 @@ type incrementalRecord struct {
 // that before + changes is what a fresh hydration after it syncs. This
 // covers NULLs, which the base dataset lacks.
 func TestHydrate_IncrementalCorpus(t *testing.T) {
-	f, err := os.Open(corpusDir + "/incremental.jsonl")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skipf("corpus not found: %v", err)
-	}
-	defer f.Close()
-	var recs []incrementalRecord
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 16<<20)
-	for sc.Scan() {
-		var r incrementalRecord
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, r)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
+	recs := loadIncremental(t)
 	db := seedReplica(t, 1000, 2, true)
 	ctx := context.Background()
 	for _, rec := range recs {
@@ -141,4 +121,30 @@ func execScenario(ctx context.Context, tx *sql.Tx, script string) error {
 		}
 	}
 	return nil
+}
+
+func loadIncremental(t *testing.T) []incrementalRecord {
+	t.Helper()
+	f, err := os.Open(corpusDir + "/incremental.jsonl")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skipf("corpus not found: %v", err)
+	}
+	defer f.Close()
+	var recs []incrementalRecord
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 16<<20)
+	for sc.Scan() {
+		var r incrementalRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return recs
 }

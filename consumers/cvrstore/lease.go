@@ -1,0 +1,256 @@
+package cvrstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/streams"
+)
+
+// ErrLeaseLost reports a lease that another view-syncer took over, or that
+// expired before it could be renewed.
+var ErrLeaseLost = errors.New("cvr lease lost")
+
+// ErrReleased reports a lease given up by Release.
+var ErrReleased = errors.New("cvr lease released")
+
+// OwnedError reports a group whose lease a live peer holds; Owner.Address
+// is where to forward its connections.
+type OwnedError struct {
+	GroupID string
+	Owner   streams.CVROwner
+}
+
+func (e *OwnedError) Error() string {
+	return fmt.Sprintf("client group %q is owned by %s at %q until %s", e.GroupID, e.Owner.ID, e.Owner.Address,
+		time.UnixMilli(e.Owner.ExpiresMs).UTC().Format(time.RFC3339Nano))
+}
+
+// Lease is this store's ownership of one group, held by the revision of
+// its record in the owners bucket.
+type Lease struct {
+	s       *Store
+	groupID string
+	key     string
+	granted int64
+
+	mu      sync.Mutex
+	rev     uint64
+	expires time.Time
+	err     error // why it ended
+	done    chan struct{}
+}
+
+// GroupID is the leased group.
+func (l *Lease) GroupID() string { return l.groupID }
+
+// Done is closed when the lease ends: lost (the caller must stop serving
+// the group at once) or released.
+func (l *Lease) Done() <-chan struct{} { return l.done }
+
+// Err is nil while the lease holds, then ErrLeaseLost or ErrReleased.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// check is nil if the lease holds now: not ended and not past its expiry,
+// after which a peer may already have taken over.
+func (l *Lease) check() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	if !time.Now().Before(l.expires) {
+		return fmt.Errorf("%w: expired at %s", ErrLeaseLost, l.expires.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// end ends the lease with err; it reports whether this call ended it.
+func (l *Lease) end(err error) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return false
+	}
+	l.err = err
+	close(l.done)
+	return true
+}
+
+func (l *Lease) record(now time.Time) []byte {
+	b, _ := json.Marshal(streams.CVROwner{
+		ID:        l.s.cfg.OwnerID,
+		Address:   l.s.cfg.Address,
+		ExpiresMs: now.Add(l.s.cfg.LeaseTTL).UnixMilli(),
+		GrantedMs: l.granted,
+	})
+	return b
+}
+
+// Acquire takes a group's lease: it creates the group's record, or takes
+// over one that has expired or that names this OwnerID (a restart). A
+// group a live peer owns gives *OwnedError.
+func (s *Store) Acquire(ctx context.Context, groupID string) (*Lease, error) {
+	if err := streams.CheckGroupID(groupID); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	l := &Lease{s: s, groupID: groupID, key: streams.OwnerKey(groupID), granted: now.UnixMilli(), done: make(chan struct{})}
+	// A few rounds cover a record that changes between reading and
+	// writing it; the loser of such a race sees the winner's live lease.
+	for range 3 {
+		rev, err := s.kv.Create(ctx, l.key, l.record(now))
+		if err == nil {
+			return s.hold(l, rev, now), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
+		}
+		e, err := s.kv.Get(ctx, l.key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
+		}
+		var cur streams.CVROwner
+		if err := json.Unmarshal(e.Value(), &cur); err == nil && cur.ID != s.cfg.OwnerID && now.UnixMilli() < cur.ExpiresMs {
+			return nil, &OwnedError{GroupID: groupID, Owner: cur}
+		}
+		rev, err = s.kv.Update(ctx, l.key, l.record(now), e.Revision())
+		if err == nil {
+			return s.hold(l, rev, now), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
+		}
+		now = time.Now()
+	}
+	return nil, fmt.Errorf("acquire %q: lease record keeps changing", groupID)
+}
+
+func (s *Store) hold(l *Lease, rev uint64, now time.Time) *Lease {
+	l.rev, l.expires = rev, now.Add(s.cfg.LeaseTTL)
+	s.mu.Lock()
+	old := s.leases[l.groupID]
+	s.leases[l.groupID] = l
+	s.mu.Unlock()
+	if old != nil {
+		// Superseded, not lost: the group stays here, so LeaseLost is not
+		// called.
+		old.end(fmt.Errorf("%w: acquired again", ErrLeaseLost))
+	}
+	return l
+}
+
+func (s *Store) lost(l *Lease, err error) {
+	s.mu.Lock()
+	if s.leases[l.groupID] == l {
+		delete(s.leases, l.groupID)
+	}
+	s.mu.Unlock()
+	if l.end(err) {
+		s.log.Info("cvr lease lost", "group", l.groupID, "err", err)
+		if s.cfg.LeaseLost != nil {
+			s.cfg.LeaseLost(l.groupID)
+		}
+	}
+}
+
+// Renew extends the lease by LeaseTTL. A record rewritten or deleted by
+// someone else ends the lease (ErrLeaseLost), and so does a failure to
+// renew before it expires; other failures leave it to be retried.
+func (l *Lease) Renew(ctx context.Context) error {
+	l.mu.Lock()
+	rev, err := l.rev, l.err
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	rev, err = l.s.kv.Update(ctx, l.key, l.record(now), rev)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound) {
+			err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
+			l.s.lost(l, err)
+			return err
+		}
+		if err := l.check(); err != nil {
+			l.s.lost(l, err)
+			return err
+		}
+		return fmt.Errorf("renew lease of %q: %w", l.groupID, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	l.rev, l.expires = rev, now.Add(l.s.cfg.LeaseTTL)
+	return nil
+}
+
+// Release gives the lease up, deleting its record if it is still this
+// lease's, so that a peer can take the group at once.
+func (s *Store) Release(ctx context.Context, l *Lease) error {
+	l.mu.Lock()
+	rev, held := l.rev, l.err == nil
+	l.mu.Unlock()
+	if !held {
+		return nil
+	}
+	s.mu.Lock()
+	if s.leases[l.groupID] == l {
+		delete(s.leases, l.groupID)
+	}
+	s.mu.Unlock()
+	l.end(ErrReleased)
+	err := s.kv.Delete(ctx, l.key, jetstream.LastRevision(rev))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return fmt.Errorf("release %q: %w", l.groupID, err)
+	}
+	return nil
+}
+
+// Leases are the leases this store holds.
+func (s *Store) Leases() []*Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Lease, 0, len(s.leases))
+	for _, l := range s.leases {
+		out = append(out, l)
+	}
+	return out
+}
+
+// Run renews every held lease each third of LeaseTTL until ctx ends, and
+// returns nil then. A lease it cannot keep is reported (Done, LeaseLost).
+func (s *Store) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		for _, l := range s.Leases() {
+			rctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/3)
+			err := l.Renew(rctx)
+			cancel()
+			if err != nil && !errors.Is(err, ErrLeaseLost) && ctx.Err() == nil {
+				s.log.Warn("cvr lease renewal failed", "group", l.groupID, "err", err)
+			}
+		}
+	}
+}

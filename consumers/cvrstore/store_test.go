@@ -1,0 +1,498 @@
+package cvrstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/nats-config/natstest"
+	"github.com/jetsync/jetsync/projections/cvr"
+	"github.com/jetsync/jetsync/streams"
+)
+
+var shard = streams.Shard{App: "zero"}
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// openStore opens a store on ns with its projection in file ("" for a new
+// one); adjust changes its config.
+func openStore(t *testing.T, ns *server.Server, owner, file string, adjust ...func(*Config)) *Store {
+	t.Helper()
+	_, js := natstest.Connect(t, ns)
+	if file == "" {
+		file = filepath.Join(t.TempDir(), "cvr.db")
+	}
+	cfg := Config{JS: js, Shard: shard, File: file, OwnerID: owner, Address: "ws://" + owner + ":4848", CompactAfter: -1}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	s, err := Open(testCtx(t), cfg)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func load(t *testing.T, s *Store, group string) *Group {
+	t.Helper()
+	g, err := s.Load(testCtx(t), group, nil)
+	if err != nil {
+		t.Fatalf("Load(%q): %v", group, err)
+	}
+	return g
+}
+
+func state(t *testing.T, g *Group) *cvr.State {
+	t.Helper()
+	st, err := g.State(testCtx(t))
+	if err != nil {
+		t.Fatalf("State: %v", err)
+	}
+	return st
+}
+
+var ignoreProgress = cmpopts.IgnoreFields(cvr.State{}, "Progress")
+
+// history makes deterministic CVR updates for one group.
+type history struct {
+	r *rand.Rand
+	n int
+}
+
+func newHistory(seed uint64) *history { return &history{r: rand.New(rand.NewPCG(seed, 7))} }
+
+// next is the next update: its version and events. rows sets how many row
+// records it touches.
+func (h *history) next(rows int) (string, []streams.CVREvent) {
+	h.n++
+	v := fmt.Sprintf("v%05d", h.n)
+	in := streams.CVRInstance{Version: v, ReplicaVersion: "r1", TTLClockMs: float64(h.n) * 10.5, LastActiveMs: int64(h.n), Owner: "x"}
+	evs := []streams.CVREvent{{Op: streams.CVROpInstance, Instance: &in}}
+	if h.n == 1 {
+		evs = append(evs, streams.CVREvent{Op: streams.CVROpClientSchema, ClientSchema: json.RawMessage(`{"tables":{"issue":{}}}`)})
+	}
+	c, q := fmt.Sprintf("c%d", h.r.IntN(3)), fmt.Sprintf("q%d", h.r.IntN(4))
+	evs = append(evs,
+		streams.CVREvent{Op: streams.CVROpPutClient, Client: &streams.CVRClient{ID: c}},
+		streams.CVREvent{Op: streams.CVROpPutQuery, Query: &streams.CVRQuery{Hash: q, AST: json.RawMessage(`{"table":"issue"}`), Got: true, PatchVersion: v}},
+		streams.CVREvent{Op: streams.CVROpPutDesire, Desire: &streams.CVRDesire{ClientID: c, Hash: q, TTLMs: 300000, PatchVersion: v}},
+	)
+	for range rows {
+		r := streams.CVRRow{Table: "issue", Key: json.RawMessage(fmt.Sprintf(`{"id":"i%04d"}`, h.r.IntN(2000))), RowVersion: v, PatchVersion: v}
+		switch h.r.IntN(5) {
+		case 0: // tombstone
+		case 1:
+			evs = append(evs, streams.CVREvent{Op: streams.CVROpDelRow, Row: &streams.CVRRow{Table: r.Table, Key: r.Key}})
+			continue
+		default:
+			r.Refs = map[string]int{q: 1}
+		}
+		evs = append(evs, streams.CVREvent{Op: streams.CVROpPutRow, Row: &r})
+	}
+	return v, evs
+}
+
+func publishN(t *testing.T, g *Group, h *history, n, rows int) {
+	t.Helper()
+	for range n {
+		v, evs := h.next(rows)
+		if err := g.Publish(testCtx(t), v, evs); err != nil {
+			t.Fatalf("Publish(%s): %v", v, err)
+		}
+	}
+}
+
+func subjectMsgs(t *testing.T, s *Store, group string) uint64 {
+	t.Helper()
+	info, err := s.stream.Info(testCtx(t), jetstream.WithSubjectFilter(shard.CVRSubject(group)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[shard.CVRSubject(group)]
+}
+
+func TestStore_RebuildEqualsIncremental(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		maxBytes int
+		rows     int
+	}{
+		{"OneMessagePerUpdate", 0, 20},
+		{"AtomicBatches", 4096, 120},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := natstest.Start(t)
+			setMax := func(c *Config) { c.MaxMessageBytes = tc.maxBytes }
+			file := filepath.Join(t.TempDir(), "a.db")
+			a := openStore(t, ns, "a", file, setMax)
+			ga := load(t, a, "cg/1 ")  // escaped on the subject
+			other := load(t, a, "cg2") // interleaved on the stream
+			h, h2 := newHistory(1), newHistory(2)
+			for range 15 {
+				publishN(t, ga, h, 1, tc.rows)
+				publishN(t, other, h2, 1, 3)
+			}
+			want := state(t, ga)
+			if want.Instance.Version != "v00015" || len(want.Rows) == 0 {
+				t.Fatalf("state at %q with %d rows", want.Instance.Version, len(want.Rows))
+			}
+			if tc.maxBytes > 0 && subjectMsgs(t, a, "cg/1 ") <= 15 {
+				t.Errorf("updates did not span several messages")
+			}
+
+			// Rebuilt from the stream alone.
+			b := openStore(t, ns, "b", "", setMax)
+			gb := load(t, b, "cg/1 ")
+			if d := cmp.Diff(want, state(t, gb), ignoreProgress); d != "" {
+				t.Errorf("rebuild differs (-incremental +rebuilt):\n%s", d)
+			}
+			if info := gb.Info(); info.FromSeq != 0 || info.Replayed != int(subjectMsgs(t, a, "cg/1 ")) {
+				t.Errorf("rebuild info = %+v", info)
+			}
+
+			// B writes next, then A reopens its file and replays only that.
+			publishN(t, gb, h, 2, tc.rows)
+			a.Close()
+			a2 := openStore(t, ns, "a", file, setMax)
+			ga2 := load(t, a2, "cg/1 ")
+			if info := ga2.Info(); info.FromSeq != ga.Seq() || info.Replayed == 0 || info.Replayed > 2*(1+tc.rows/20) || info.Rebuilt {
+				t.Errorf("reload info = %+v; want a replay of B's two updates from seq %d", info, ga.Seq())
+			}
+			if d := cmp.Diff(state(t, gb), state(t, ga2), ignoreProgress); d != "" {
+				t.Errorf("local file plus events differs (-rebuilt +reloaded):\n%s", d)
+			}
+			// Loading again redelivers nothing.
+			if info := load(t, a2, "cg/1 ").Info(); info.Replayed != 0 {
+				t.Errorf("second load replayed %d", info.Replayed)
+			}
+		})
+	}
+}
+
+func TestStore_Catchup(t *testing.T) {
+	ns := natstest.Start(t)
+	s := openStore(t, ns, "a", "")
+	g := load(t, s, "cg")
+	ctx := testCtx(t)
+	row := func(id, pv string, refs map[string]int) streams.CVREvent {
+		return streams.CVREvent{Op: streams.CVROpPutRow, Row: &streams.CVRRow{Table: "issue", Key: json.RawMessage(`{"id":"` + id + `"}`),
+			RowVersion: pv, PatchVersion: pv, Refs: refs}}
+	}
+	q := streams.CVREvent{Op: streams.CVROpPutQuery, Query: &streams.CVRQuery{Hash: "h", Got: true, PatchVersion: "02"}}
+	for _, u := range []struct {
+		v   string
+		evs []streams.CVREvent
+	}{
+		{"01", []streams.CVREvent{{Op: streams.CVROpPutDesire, Desire: &streams.CVRDesire{ClientID: "c", Hash: "h", PatchVersion: "01"}}}},
+		{"02", []streams.CVREvent{q, row("i1", "02", map[string]int{"h": 1}), row("i2", "02", map[string]int{"h": 1})}},
+		{"03", []streams.CVREvent{row("i2", "03", nil)}},
+	} {
+		if err := g.Publish(ctx, u.v, u.evs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := g.Catchup(ctx, "02")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &cvr.Diff{Version: "03", Rows: []streams.CVRRow{{Table: "issue", Key: json.RawMessage(`{"id":"i2"}`), RowVersion: "03", PatchVersion: "03"}}}
+	if diff := cmp.Diff(want, d); diff != "" {
+		t.Errorf("Catchup(02) (-want +got):\n%s", diff)
+	}
+	if d, _ := g.Catchup(ctx, "01"); len(d.Rows) != 2 || len(d.Queries) != 1 || len(d.Desires) != 0 {
+		t.Errorf("Catchup(01) = %+v", d)
+	}
+}
+
+func TestStore_Compaction(t *testing.T) {
+	ns := natstest.Start(t)
+	file := filepath.Join(t.TempDir(), "a.db")
+	compact := func(c *Config) { c.CompactAfter = 10 }
+	a := openStore(t, ns, "a", file, compact)
+	ga := load(t, a, "cg")
+	h := newHistory(3)
+	publishN(t, ga, h, 8, 5)
+
+	// B keeps a local projection from before the compaction.
+	bfile := filepath.Join(t.TempDir(), "b.db")
+	b := openStore(t, ns, "b", bfile)
+	load(t, b, "cg")
+
+	publishN(t, ga, h, 37, 5)
+	want := state(t, ga)
+	n := subjectMsgs(t, a, "cg")
+	if n >= 20 {
+		t.Errorf("subject holds %d messages after 45 updates; want compaction below 20", n)
+	}
+	fresh := openStore(t, ns, "c", "")
+	gc := load(t, fresh, "cg")
+	if d := cmp.Diff(want, state(t, gc), ignoreProgress); d != "" {
+		t.Errorf("rebuild after compaction differs (-want +got):\n%s", d)
+	}
+	if r := gc.Info().Replayed; r >= 20 || r != int(n) {
+		t.Errorf("rebuild replayed %d messages; want the %d left", r, n)
+	}
+	// B's local projection missed purged history: the first message it
+	// finds is a snapshot, which replaces its state.
+	gb := load(t, b, "cg")
+	if info := gb.Info(); info.FromSeq == 0 || info.Replayed != int(n) {
+		t.Errorf("stale reload info = %+v; want a replay of the %d messages left", info, n)
+	}
+	if d := cmp.Diff(want, state(t, gb), ignoreProgress); d != "" {
+		t.Errorf("stale reload differs (-want +got):\n%s", d)
+	}
+	// An explicit compaction leaves one snapshot message.
+	if err := ga.Compact(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := subjectMsgs(t, a, "cg"); n != 1 {
+		t.Errorf("after Compact the subject holds %d messages; want 1", n)
+	}
+	if d := cmp.Diff(want, state(t, load(t, openStore(t, ns, "d", ""), "cg")), ignoreProgress); d != "" {
+		t.Errorf("rebuild from the snapshot differs (-want +got):\n%s", d)
+	}
+}
+
+func TestStore_RacingWriters(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rows int
+	}{
+		{"OneMessage", 2},
+		{"AtomicBatch", 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := natstest.Start(t)
+			small := func(c *Config) { c.MaxMessageBytes = 4096 }
+			a, b := openStore(t, ns, "a", "", small), openStore(t, ns, "b", "", small)
+			ga := load(t, a, "cg")
+			publishN(t, ga, newHistory(4), 3, tc.rows)
+			ga, gb := load(t, a, "cg"), load(t, b, "cg")
+
+			// Both advance from the same sequence at once.
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i, g := range []*Group{ga, gb} {
+				wg.Go(func() {
+					v, evs := newHistory(uint64(10 + i)).next(tc.rows)
+					errs[i] = g.Publish(testCtx(t), "w"+v, evs)
+				})
+			}
+			wg.Wait()
+			var won, lost int
+			for _, err := range errs {
+				switch {
+				case err == nil:
+					won++
+				case errors.Is(err, ErrConflict):
+					lost++
+				default:
+					t.Errorf("Publish = %v; want nil or ErrConflict", err)
+				}
+			}
+			if won != 1 || lost != 1 {
+				t.Fatalf("won %d, lost %d: %v", won, lost, errs)
+			}
+			loser := ga
+			if errs[1] != nil {
+				loser = gb
+			}
+			v, evs := newHistory(20).next(1)
+			if err := loser.Publish(testCtx(t), v, evs); !errors.Is(err, ErrBroken) {
+				t.Errorf("Publish after a conflict = %v; want ErrBroken", err)
+			}
+			// The loser's store reloads and sees the winner's update.
+			other := map[*Group]*Store{ga: a, gb: b}[loser]
+			if st := state(t, load(t, other, "cg")); !strings.HasPrefix(st.Instance.Version, "w") {
+				t.Errorf("reloaded version %q; want the winner's", st.Instance.Version)
+			}
+		})
+	}
+}
+
+// waitFor polls f until it returns nil or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestStore_Leases(t *testing.T) {
+	ns := natstest.Start(t)
+	ttl := func(c *Config) { c.LeaseTTL = 300 * time.Millisecond }
+	var mu sync.Mutex
+	var lostGroups []string
+	onLost := func(c *Config) {
+		c.LeaseLost = func(g string) { mu.Lock(); lostGroups = append(lostGroups, g); mu.Unlock() }
+	}
+	a := openStore(t, ns, "a", "", ttl, onLost)
+	b := openStore(t, ns, "b", "", ttl)
+	ctx := testCtx(t)
+	group := "cg.1 *"
+
+	t.Run("AcquireReleaseAcquire", func(t *testing.T) {
+		la, err := a.Acquire(ctx, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = b.Acquire(ctx, group)
+		var owned *OwnedError
+		if !errors.As(err, &owned) || owned.Owner.ID != "a" || owned.Owner.Address != "ws://a:4848" {
+			t.Fatalf("Acquire by b = %v; want OwnedError naming a", err)
+		}
+		if err := la.Renew(ctx); err != nil {
+			t.Fatalf("Renew: %v", err)
+		}
+		if err := a.Release(ctx, la); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(la.Err(), ErrReleased) {
+			t.Errorf("Err after Release = %v", la.Err())
+		}
+		lb, err := b.Acquire(ctx, group)
+		if err != nil {
+			t.Fatalf("Acquire after release: %v", err)
+		}
+		if err := b.Release(ctx, lb); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("ExpireTakeoverLost", func(t *testing.T) {
+		la, err := a.Acquire(ctx, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ga, err := a.Load(ctx, group, la)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, evs := newHistory(5).next(1)
+		if err := ga.Publish(ctx, v, evs); err != nil {
+			t.Fatalf("Publish under the lease: %v", err)
+		}
+		// a stops renewing: b takes over once the lease expires.
+		var lb *Lease
+		waitFor(t, 5*time.Second, func() error {
+			var err error
+			lb, err = b.Acquire(ctx, group)
+			return err
+		})
+		if err := la.Renew(ctx); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("Renew after takeover = %v; want ErrLeaseLost", err)
+		}
+		select {
+		case <-la.Done():
+		default:
+			t.Error("Done not closed after the lease was lost")
+		}
+		mu.Lock()
+		if len(lostGroups) != 1 || lostGroups[0] != group {
+			t.Errorf("LeaseLost calls = %q", lostGroups)
+		}
+		mu.Unlock()
+		if err := ga.Publish(ctx, "x", nil); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("Publish after losing the lease = %v; want ErrLeaseLost", err)
+		}
+		gb, err := b.Load(ctx, group, lb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gb.Publish(ctx, "v9", nil); err != nil {
+			t.Errorf("new owner's Publish = %v", err)
+		}
+		if err := b.Release(ctx, lb); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("RunRenewsAndReportsLoss", func(t *testing.T) {
+		la, err := a.Acquire(ctx, "cg-run")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error)
+		go func() { done <- a.Run(rctx) }()
+		defer func() { cancel(); <-done }()
+		// Over several TTLs, a's renewals keep b out.
+		end := time.Now().Add(4 * 300 * time.Millisecond)
+		for time.Now().Before(end) {
+			_, err := b.Acquire(ctx, "cg-run")
+			var owned *OwnedError
+			if !errors.As(err, &owned) {
+				t.Fatalf("Acquire by b while a renews = %v; want OwnedError", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		// Someone deletes a's record (a purge, an operator): a's next
+		// renewal reports the loss.
+		if err := b.kv.Delete(ctx, streams.OwnerKey("cg-run")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-la.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("lost lease not reported")
+		}
+		if !errors.Is(la.Err(), ErrLeaseLost) {
+			t.Errorf("Err = %v; want ErrLeaseLost", la.Err())
+		}
+	})
+}
+
+// TestStore_HistoryReplaced checks a local projection whose history the
+// stream no longer holds (the group was purged and written anew): Load
+// notices the gap and rebuilds from the stream.
+func TestStore_HistoryReplaced(t *testing.T) {
+	ns := natstest.Start(t)
+	a := openStore(t, ns, "a", "")
+	b := openStore(t, ns, "b", "")
+	ctx := testCtx(t)
+	publishN(t, load(t, a, "cg"), newHistory(6), 5, 3)
+	if gb := load(t, b, "cg"); gb.Info().Replayed != 5 {
+		t.Fatalf("b replayed %d", gb.Info().Replayed)
+	}
+	if err := a.stream.Purge(ctx, jetstream.WithPurgeSubject(shard.CVRSubject("cg"))); err != nil {
+		t.Fatal(err)
+	}
+	ga := load(t, a, "cg")
+	if ga.Info().Rebuilt != true {
+		t.Errorf("a's projection ahead of the purged stream: info %+v; want Rebuilt", ga.Info())
+	}
+	publishN(t, ga, newHistory(7), 2, 3)
+	gb := load(t, b, "cg")
+	if info := gb.Info(); !info.Rebuilt || info.Replayed != 2 {
+		t.Errorf("b's reload info = %+v; want a rebuild from 2 messages", info)
+	}
+	if d := cmp.Diff(state(t, ga), state(t, gb), ignoreProgress); d != "" {
+		t.Errorf("rebuilt state differs (-a +b):\n%s", d)
+	}
+}

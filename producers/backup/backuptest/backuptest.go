@@ -1,0 +1,238 @@
+// Package backuptest stands up what backup and restore tests need: an
+// embedded JetStream with the shard's stream and buckets, a hand-rolled
+// producer publishing valid change messages, replica consumers, and a fake
+// clock.
+package backuptest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/nats-config/natstest"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// Clock is a fake clock for the Now fields of configs.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock starts at the real time, so that server timestamps and the fake
+// clock stay comparable until the test advances it.
+func NewClock() *Clock { return &Clock{now: time.Now()} }
+
+// Now returns the fake time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// Env is one shard on an embedded server.
+type Env struct {
+	T      testing.TB
+	NS     *server.Server
+	NC     *nats.Conn
+	JS     jetstream.JetStream
+	Stream jetstream.Stream
+	KV     jetstream.KeyValue
+	Backup streams.Backup
+	Shard  streams.Shard
+
+	lsn     uint64
+	WM      string // last commit watermark
+	Version string // replica version
+	n       int
+}
+
+// New starts a server and ensures the shard's stream and buckets.
+func New(t testing.TB) *Env {
+	t.Helper()
+	ns := natstest.Start(t)
+	nc, js := natstest.Connect(t, ns)
+	shard := streams.Shard{App: "zero", Num: 0}
+	ctx := context.Background()
+	s, kv, err := streams.Ensure(ctx, js, streams.Config{Shard: shard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := streams.EnsureBackup(ctx, js, streams.Config{Shard: shard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Env{T: t, NS: ns, NC: nc, JS: js, Stream: s, KV: kv, Backup: b, Shard: shard, lsn: 0x1000}
+}
+
+// Restart restarts the server; connections reconnect.
+func (e *Env) Restart() {
+	e.T.Helper()
+	before := e.NC.Stats().Reconnects
+	e.NS = natstest.Restart(e.T, e.NS)
+	WaitFor(e.T, "reconnect", 10*time.Second, func() bool { return e.NC.Stats().Reconnects > before && e.NC.IsConnected() })
+}
+
+func (e *Env) nextWM() string {
+	e.lsn += 8
+	return streams.Lexi(e.lsn)
+}
+
+func (e *Env) publish(m *streams.Message) uint64 {
+	e.T.Helper()
+	data, err := streams.Encode(m)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	subj := e.Shard.TxSubject()
+	if m.Table != "" {
+		subj = e.Shard.TableSubject(m.Schema, m.Table)
+	}
+	ack, err := e.JS.PublishMsg(context.Background(), &nats.Msg{Subject: subj, Data: data, Header: streams.Header(m.Parts, e.Version)})
+	if err != nil {
+		e.T.Fatalf("publish: %v", err)
+	}
+	return ack.Sequence
+}
+
+var itemSpec = streams.TableSpec{
+	Schema: "public", Name: "item", PrimaryKey: []string{"id"},
+	Columns: []streams.ColumnSpec{
+		{Name: "id", Pos: 1, DataType: "int8", Kind: streams.KindNumber, NotNull: true},
+		{Name: "v", Pos: 2, DataType: "text", Kind: streams.KindString},
+	},
+}
+
+func raw(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// InitialSync publishes a new initial sync of table item with rows rows,
+// records it as the upstream's and returns the reset's sequence.
+func (e *Env) InitialSync(rows int) uint64 {
+	e.T.Helper()
+	v := e.nextWM()
+	e.Version = v
+	resetSeq := e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Prev: e.WM, Num: 0, Changes: []streams.Change{{
+		Op: streams.OpReset, Reset: &streams.Reset{ReplicaVersion: v, Publications: []string{"zero_data"}, SystemID: "1", Slot: "s"},
+	}}}}})
+	spec := itemSpec
+	e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: 1, Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &spec}}}}})
+	num := 2
+	for lo := 0; lo < rows; lo += 500 {
+		var rs [][]json.RawMessage
+		for i := lo; i < min(rows, lo+500); i++ {
+			rs = append(rs, []json.RawMessage{raw(i), raw("v" + strconv.Itoa(i))})
+		}
+		e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: num, Changes: []streams.Change{{Op: streams.OpBackfill, Columns: []string{"id", "v"}, Rows: rs}}}}})
+		num++
+	}
+	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: num, Last: true, Changes: []streams.Change{}}}})
+	e.WM = v
+	b, _ := json.Marshal(streams.Upstream{SystemID: "1", Slot: "s", ReplicaVersion: v, Publications: []string{"zero_data"}, ResetSeq: resetSeq, Complete: true})
+	if _, err := e.KV.Put(context.Background(), streams.KeyUpstream, b); err != nil {
+		e.T.Fatal(err)
+	}
+	return resetSeq
+}
+
+// Tx publishes a one-message transaction upserting item id with a new value
+// and returns its sequence.
+func (e *Env) Tx(id int) uint64 {
+	e.T.Helper()
+	e.n++
+	wm := e.nextWM()
+	seq := e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{
+		Watermark: wm, Prev: e.WM, Num: 0, Last: true, CommitTimeMs: float64(time.Now().UnixMilli()),
+		Changes: []streams.Change{{Op: streams.OpInsert, New: streams.Row{"id": raw(id), "v": raw(fmt.Sprintf("tx%d", e.n))}}},
+	}}})
+	e.WM = wm
+	return seq
+}
+
+// Running is a replica consumer running in the background.
+type Running struct {
+	C    *replica.Consumer
+	File string
+	stop func() error
+	once sync.Once
+	err  error
+}
+
+// Stop stops the consumer and returns Run's error.
+func (r *Running) Stop() error {
+	r.once.Do(func() { r.err = r.stop() })
+	return r.err
+}
+
+// Logger is a test logger: quiet unless BACKUP_TEST_LOGS is set.
+func Logger() *slog.Logger {
+	if os.Getenv("BACKUP_TEST_LOGS") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// StartReplica runs a replica consumer on file under taskID.
+func (e *Env) StartReplica(file, taskID string) *Running {
+	e.T.Helper()
+	c, err := replica.New(replica.Config{File: file, Shard: e.Shard, TaskID: taskID, Logger: Logger().With("task", taskID)}, e.JS)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	r := &Running{C: c, File: file, stop: func() error { cancel(); return <-done }}
+	e.T.Cleanup(func() { r.Stop() })
+	return r
+}
+
+// WaitSeq waits until r has applied seq.
+func (r *Running) WaitSeq(t testing.TB, seq uint64) {
+	t.Helper()
+	WaitFor(t, fmt.Sprintf("replica at seq %d", seq), 20*time.Second, func() bool { return r.C.State().StreamSeq >= seq })
+}
+
+// WaitFor polls cond until it holds, failing the test after timeout.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+// StreamState returns the stream's first and last sequences.
+func (e *Env) StreamState() (first, last uint64) {
+	e.T.Helper()
+	info, err := e.Stream.Info(context.Background())
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return info.State.FirstSeq, info.State.LastSeq
+}

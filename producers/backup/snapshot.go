@@ -1,0 +1,241 @@
+package backup
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// ErrNoReplica reports a backup replica with no initial sync yet: there is
+// nothing to snapshot.
+var ErrNoReplica = errors.New("the backup replica has no initial sync yet")
+
+// snapshotPrefix starts the temporary snapshot files beside the replica.
+const snapshotPrefix = ".jetsync-snapshot-"
+
+// Snapshot takes a consistent snapshot of the backup replica, uploads it and
+// claims it. Unless force is set, a replica that has not moved since the last
+// snapshot is not snapshotted again, and that snapshot is returned.
+func (p *Producer) Snapshot(ctx context.Context, force bool) (streams.Snapshot, error) {
+	if err := p.ensure(ctx); err != nil {
+		return streams.Snapshot{}, err
+	}
+	p.start()
+	t0 := time.Now()
+	tmp, st, err := p.copyReplica(ctx)
+	if tmp != "" {
+		defer os.Remove(tmp)
+	}
+	if err != nil {
+		if !errors.Is(err, ErrNoReplica) {
+			p.metrics.snapshots.WithLabelValues("error").Inc()
+		}
+		return streams.Snapshot{}, err
+	}
+	name := streams.SnapshotName(st.ReplicaVersion, st.Watermark)
+	if p.last != nil && p.last.Name == name && !force {
+		p.lastAt = p.cfg.Now()
+		return *p.last, nil
+	}
+	sum, size, err := digest(tmp)
+	if err != nil {
+		p.metrics.snapshots.WithLabelValues("error").Inc()
+		return streams.Snapshot{}, err
+	}
+	s := streams.Snapshot{
+		Name: name, ReplicaVersion: st.ReplicaVersion, Watermark: st.Watermark, StreamSeq: st.StreamSeq,
+		WriteTimeMs: st.WriteTimeMs, SHA256: sum, Size: size, TakenAt: p.cfg.Now().UTC(),
+	}
+	if err := p.upload(ctx, tmp, s); err != nil {
+		p.metrics.snapshots.WithLabelValues("error").Inc()
+		return streams.Snapshot{}, err
+	}
+	s.ClaimedAt = p.cfg.Now().UTC()
+	// The claim comes only after the upload completed: it is what the
+	// producer believes, which the monitor then verifies.
+	if _, err := p.res.State.Put(ctx, streams.KeyBackupClaimed, mustJSON(s)); err != nil {
+		p.metrics.snapshots.WithLabelValues("error").Inc()
+		return streams.Snapshot{}, fmt.Errorf("claim snapshot %s: %w", name, err)
+	}
+	p.last, p.lastAt = &s, s.ClaimedAt
+	p.metrics.snapshots.WithLabelValues("success").Inc()
+	p.metrics.snapshotBytes.Set(float64(size))
+	p.metrics.snapshotTime.Observe(time.Since(t0).Seconds())
+	p.log.Info("snapshot uploaded", "snapshot", name, "seq", s.StreamSeq, "watermark", s.Watermark,
+		"bytes", size, "took", time.Since(t0).Round(time.Millisecond))
+	if err := p.prune(ctx); err != nil {
+		p.log.Warn("prune old snapshots", "err", err)
+	}
+	return s, nil
+}
+
+// copyReplica copies the replica with VACUUM INTO from a connection of its
+// own. In WAL mode that is one read transaction: the copy is a committed
+// state, which is always a transaction boundary since the replica consumer
+// commits whole transactions only, and the consumer's writer goes on
+// committing meanwhile.
+func (p *Producer) copyReplica(ctx context.Context) (string, replica.State, error) {
+	var st replica.State
+	if _, err := os.Stat(p.cfg.File); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", st, ErrNoReplica
+		}
+		return "", st, fmt.Errorf("snapshot: %w", err)
+	}
+	db, err := sql.Open("sqlite", "file:"+p.cfg.File+"?_pragma=busy_timeout(30000)")
+	if err != nil {
+		return "", st, fmt.Errorf("snapshot: open %s: %w", p.cfg.File, err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	pre, err := replica.LoadState(ctx, db)
+	if err != nil && !strings.Contains(err.Error(), "no such table") {
+		return "", st, fmt.Errorf("snapshot: %w", err)
+	}
+	if pre.ReplicaVersion == "" {
+		return "", st, ErrNoReplica
+	}
+	var r [8]byte
+	rand.Read(r[:])
+	tmp := filepath.Join(filepath.Dir(p.cfg.File), snapshotPrefix+hex.EncodeToString(r[:])+".db")
+	if _, err := db.ExecContext(ctx, "VACUUM INTO '"+strings.ReplaceAll(tmp, "'", "''")+"'"); err != nil {
+		return tmp, st, fmt.Errorf("snapshot: vacuum into: %w", err)
+	}
+	// The state is read from the copy itself, so it describes exactly
+	// what the copy holds.
+	cp, err := sql.Open("sqlite", "file:"+tmp+"?mode=ro")
+	if err != nil {
+		return tmp, st, fmt.Errorf("snapshot: open copy: %w", err)
+	}
+	defer cp.Close()
+	if st, err = replica.LoadState(ctx, cp); err != nil {
+		return tmp, st, fmt.Errorf("snapshot: copy: %w", err)
+	}
+	if st.ReplicaVersion == "" {
+		return tmp, st, ErrNoReplica
+	}
+	return tmp, st, nil
+}
+
+func digest(file string) (string, int64, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", 0, fmt.Errorf("digest: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("digest %s: %w", file, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// upload puts the snapshot file in the object store. The object becomes
+// visible only once its last chunk and its metadata are stored.
+func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return fmt.Errorf("upload: %w", err)
+	}
+	defer f.Close()
+	_, err = p.res.Snapshots.Put(ctx, jetstream.ObjectMeta{
+		Name:        s.Name,
+		Description: "jetsync replica snapshot at watermark " + s.Watermark,
+		Metadata:    s.Metadata(),
+		Opts:        &jetstream.ObjectMetaOptions{ChunkSize: 1 << 20},
+	}, f)
+	if err != nil {
+		return fmt.Errorf("upload %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// prune deletes snapshots beyond the newest Keep, but never while a restore
+// reservation is live (a restorer may be reading one), and never the newest
+// verified one.
+func (p *Producer) prune(ctx context.Context) error {
+	live, err := p.liveReservations(ctx)
+	if err != nil || len(live) > 0 {
+		return err
+	}
+	snaps, err := p.list(ctx)
+	if err != nil {
+		return err
+	}
+	if len(snaps) <= p.cfg.Keep {
+		return nil
+	}
+	for _, s := range snaps[:len(snaps)-p.cfg.Keep] {
+		if p.newest != nil && s.Name == p.newest.Name {
+			continue
+		}
+		if err := p.res.Snapshots.Delete(ctx, s.Name); err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
+			return fmt.Errorf("delete snapshot %s: %w", s.Name, err)
+		}
+		delete(p.verified, s.Name)
+		p.log.Info("deleted old snapshot", "snapshot", s.Name)
+	}
+	return nil
+}
+
+// list returns the snapshots in the object store, oldest first.
+func (p *Producer) list(ctx context.Context) ([]streams.Snapshot, error) {
+	infos, err := p.res.Snapshots.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	var out []streams.Snapshot
+	for _, info := range infos {
+		if info.Deleted {
+			continue
+		}
+		s, err := streams.SnapshotFromInfo(info)
+		if err != nil {
+			p.log.Warn("ignoring object in the snapshot store", "err", err)
+			continue
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b streams.Snapshot) int { return a.TakenAt.Compare(b.TakenAt) })
+	return out, nil
+}
+
+// removeStaleSnapshots deletes temporary snapshot files a crash left.
+func removeStaleSnapshots(file string, log *slog.Logger) {
+	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(file), snapshotPrefix+"*"))
+	for _, m := range matches {
+		if err := os.Remove(m); err == nil {
+			log.Info("removed a stale snapshot file", "file", m)
+		}
+	}
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only plain structs are marshalled
+	}
+	return b
+}

@@ -1,0 +1,203 @@
+package cvr
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jetsync/jetsync/streams"
+)
+
+// ErrGap reports a message that does not follow the last one applied to
+// its group: messages in between were missed, so the group must be rebuilt
+// from the start of its history.
+var ErrGap = errors.New("gap in cvr history")
+
+// Progress is where a group stands in the CVR stream.
+type Progress struct {
+	// Seq is the stream sequence of the last message applied; 0 means the
+	// projection knows nothing of the group.
+	Seq uint64
+	// Prev, Part and Last are those of that message.
+	Prev uint64
+	Part int
+	Last bool
+	// SinceSnapshot counts the messages applied since the group's last
+	// snapshot (or ever): what a rebuild would replay beyond it.
+	SinceSnapshot int
+}
+
+// LoadProgress reads a group's progress; an unknown group has the zero
+// Progress with Last set.
+func LoadProgress(ctx context.Context, q Querier, groupID string) (Progress, error) {
+	p := Progress{Last: true}
+	var seq, prev int64
+	err := q.QueryRowContext(ctx, `SELECT seq, prev, part, last, sinceSnapshot FROM instances WHERE groupID = ?`, groupID).
+		Scan(&seq, &prev, &p.Part, &p.Last, &p.SinceSnapshot)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, nil
+	}
+	if err != nil {
+		return Progress{}, fmt.Errorf("load cvr progress: %w", err)
+	}
+	p.Seq, p.Prev = uint64(seq), uint64(prev)
+	return p, nil
+}
+
+// Apply applies m, the message at stream sequence seq, to its group within
+// tx. It returns false, doing nothing, for a message at or below the
+// group's last applied sequence, so redelivery is harmless. A message
+// whose Prev is not the last applied sequence is a gap (ErrGap), unless it
+// opens a snapshot: a snapshot replaces the group's whole state, which is
+// how a reader skips history that compaction purged.
+func Apply(ctx context.Context, tx *sql.Tx, seq uint64, m *streams.CVRMessage) (bool, error) {
+	p, err := LoadProgress(ctx, tx, m.Group)
+	if err != nil {
+		return false, err
+	}
+	if seq <= p.Seq {
+		return false, nil
+	}
+	snapshot := m.Part == 0 && len(m.Events) > 0 && m.Events[0].Op == streams.CVROpSnapshot
+	switch {
+	case snapshot:
+	case m.Part == 0 && (m.Prev != p.Seq || !p.Last):
+		return false, fmt.Errorf("%w: group %q at seq %d (part %d, last %v) got seq %d with prev %d",
+			ErrGap, m.Group, p.Seq, p.Part, p.Last, seq, m.Prev)
+	case m.Part > 0 && (p.Last || m.Part != p.Part+1 || m.Prev != p.Prev):
+		return false, fmt.Errorf("%w: group %q at seq %d (part %d of update after %d) got part %d of update after %d",
+			ErrGap, m.Group, p.Seq, p.Part, p.Prev, m.Part, m.Prev)
+	}
+	a := applier{ctx: ctx, tx: tx, group: m.Group}
+	defer a.close()
+	since := p.SinceSnapshot + 1
+	if snapshot {
+		if err := Drop(ctx, tx, m.Group); err != nil {
+			return false, err
+		}
+		since = 1
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO instances (groupID) VALUES (?) ON CONFLICT DO NOTHING`, m.Group); err != nil {
+		return false, fmt.Errorf("apply cvr: %w", err)
+	}
+	for i := range m.Events {
+		if err := a.event(&m.Events[i]); err != nil {
+			return false, fmt.Errorf("apply cvr event %d (%s) of group %q: %w", i, m.Events[i].Op, m.Group, err)
+		}
+	}
+	// The update's version becomes the group's once it is complete, so that
+	// an update needs no instance event to record it.
+	q := `UPDATE instances SET seq = ?, prev = ?, part = ?, last = ?, sinceSnapshot = ? WHERE groupID = ?`
+	args := []any{int64(seq), int64(m.Prev), m.Part, m.Last, since, m.Group}
+	if m.Last && m.Version != "" {
+		q = `UPDATE instances SET seq = ?, prev = ?, part = ?, last = ?, sinceSnapshot = ?, version = ? WHERE groupID = ?`
+		args = []any{int64(seq), int64(m.Prev), m.Part, m.Last, since, m.Version, m.Group}
+	}
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return false, fmt.Errorf("apply cvr progress: %w", err)
+	}
+	return true, nil
+}
+
+// applier applies one message's events, preparing each statement once.
+type applier struct {
+	ctx   context.Context
+	tx    *sql.Tx
+	group string
+	stmts map[string]*sql.Stmt
+}
+
+func (a *applier) close() {
+	for _, s := range a.stmts {
+		s.Close()
+	}
+}
+
+func (a *applier) exec(query string, args ...any) error {
+	s := a.stmts[query]
+	if s == nil {
+		var err error
+		if s, err = a.tx.PrepareContext(a.ctx, query); err != nil {
+			return err
+		}
+		if a.stmts == nil {
+			a.stmts = map[string]*sql.Stmt{}
+		}
+		a.stmts[query] = s
+	}
+	_, err := s.ExecContext(a.ctx, append([]any{a.group}, args...)...)
+	return err
+}
+
+func (a *applier) event(e *streams.CVREvent) error {
+	switch e.Op {
+	case streams.CVROpSnapshot:
+		return nil // handled by Apply
+	case streams.CVROpInstance:
+		in := e.Instance
+		return a.exec(`UPDATE instances SET version = ?2, replicaVersion = ?3, ttlClockMs = ?4, lastActiveMs = ?5,
+			owner = ?6, grantedAtMs = ?7, profileID = ?8, userID = ?9, deleted = ?10 WHERE groupID = ?1`,
+			in.Version, in.ReplicaVersion, in.TTLClockMs, in.LastActiveMs, in.Owner, in.GrantedAtMs, in.ProfileID, in.UserID, in.Deleted)
+	case streams.CVROpClientSchema:
+		return a.exec(`UPDATE instances SET clientSchema = ?2 WHERE groupID = ?1`, rawText(e.ClientSchema))
+	case streams.CVROpPutClient:
+		return a.exec(`INSERT OR REPLACE INTO clients (groupID, clientID, deleted) VALUES (?1, ?2, ?3)`, e.Client.ID, e.Client.Deleted)
+	case streams.CVROpDelClient:
+		return a.exec(`DELETE FROM clients WHERE groupID = ?1 AND clientID = ?2`, e.Client.ID)
+	case streams.CVROpPutQuery:
+		q := e.Query
+		return a.exec(`INSERT OR REPLACE INTO queries (groupID, hash, ast, name, args, transformationHash, transformationVersion,
+			internal, got, patchVersion) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)`,
+			q.Hash, rawText(q.AST), q.Name, rawText(q.Args), q.TransformationHash, q.TransformationVersion, q.Internal, q.Got, q.PatchVersion)
+	case streams.CVROpGot:
+		g := e.Got
+		return a.exec(`INSERT INTO queries (groupID, hash, name, transformationHash, transformationVersion, internal, got, patchVersion)
+			VALUES (?1, ?2, '', '', '', 0, ?3, ?4)
+			ON CONFLICT (groupID, hash) DO UPDATE SET got = excluded.got, patchVersion = excluded.patchVersion`,
+			g.Hash, g.Got, g.PatchVersion)
+	case streams.CVROpDelQuery:
+		return a.exec(`DELETE FROM queries WHERE groupID = ?1 AND hash = ?2`, e.Query.Hash)
+	case streams.CVROpPutDesire:
+		d := e.Desire
+		var inact sql.NullFloat64
+		if d.InactivatedAtMs != nil {
+			inact = sql.NullFloat64{Float64: *d.InactivatedAtMs, Valid: true}
+		}
+		return a.exec(`INSERT OR REPLACE INTO desires (groupID, clientID, hash, ttlMs, inactivatedAtMs, cleared, patchVersion)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)`, d.ClientID, d.Hash, d.TTLMs, inact, d.Cleared, d.PatchVersion)
+	case streams.CVROpDelDesire:
+		return a.exec(`DELETE FROM desires WHERE groupID = ?1 AND clientID = ?2 AND hash = ?3`, e.Desire.ClientID, e.Desire.Hash)
+	case streams.CVROpPutRow:
+		r := e.Row
+		var refs sql.NullString
+		if r.Refs != nil {
+			b, err := json.Marshal(r.Refs)
+			if err != nil {
+				return err
+			}
+			refs = sql.NullString{String: string(b), Valid: true}
+		}
+		return a.exec(`INSERT OR REPLACE INTO rows (groupID, tbl, key, rowVersion, patchVersion, refs) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`,
+			r.Table, rawText(r.Key), r.RowVersion, r.PatchVersion, refs)
+	case streams.CVROpDelRow:
+		return a.exec(`DELETE FROM rows WHERE groupID = ?1 AND tbl = ?2 AND key = ?3`, e.Row.Table, rawText(e.Row.Key))
+	}
+	return fmt.Errorf("%w: unknown cvr op %q", streams.ErrMalformed, e.Op)
+}
+
+// rawText is raw JSON in the form the stream carries it (compact, HTML
+// escaped, as encoding/json writes a RawMessage), so that a record reads
+// the same whether it was applied from the writer's events or decoded
+// from the stream; nil is NULL.
+func rawText(b json.RawMessage) any {
+	if b == nil {
+		return nil
+	}
+	n, err := json.Marshal(b)
+	if err != nil {
+		return string(b) // invalid JSON is stored as given; the decoder rejects it first
+	}
+	return string(n)
+}

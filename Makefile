@@ -85,14 +85,29 @@ test-e2e: build
 # package shows.
 test: deps vet fmt-check test-race test-servers test-e2e
 
+# bench runs the Go benchmarks, every bench/*.sh and bench/*/main.go, and
+# bench-viewsyncer last (it has its own target, and the loop skips it).
 bench: build
 	$(GO) test -p 1 -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 30m $(filter-out %/e2e,$(ALL_PKGS))
 	@set -e; for s in bench/*.sh; do \
 		[ -f "$$s" ] || continue; echo "== $$s"; bash "$$s"; \
 	done; \
 	for d in bench/*/; do \
-		[ -f "$$d/main.go" ] || continue; echo "== $$d"; $(GO) run ./$$d; \
+		[ -f "$$d/main.go" ] || continue; [ "$$d" != bench/viewsyncer/ ] || continue; \
+		echo "== $$d"; $(GO) run ./$$d; \
 	done
+	@$(MAKE) --no-print-directory bench-viewsyncer
+
+# bench-viewsyncer measures the sync server of ./bin/jetsync run against
+# zero-cache 1.9.0's figures on seed.sh 100000: server-side and real-client
+# hydration, 50 groups x 5 queries, commit -> client latency and peak RSS.
+# VIEWSYNCER_BENCH_FLAGS adds flags (go run ./bench/viewsyncer -h).
+BENCH_RUNS ?= 3
+VIEWSYNCER_BENCH_FLAGS ?=
+.PHONY: bench-viewsyncer
+bench-viewsyncer: build node-deps
+	@echo "== bench/viewsyncer/"
+	$(GO) run ./bench/viewsyncer -bin $(BIN) -runs $(BENCH_RUNS) $(VIEWSYNCER_BENCH_FLAGS)
 
 # fuzz runs every Fuzz* target for FUZZTIME; go test -fuzz takes one target
 # per run.

@@ -36,7 +36,28 @@ func sampleMessage() *Message {
 			{Op: OpCreateTable, Spec: &TableSpec{Schema: "public", Name: "issue", Columns: []ColumnSpec{{Name: "id", Pos: 1, DataType: "text", Kind: KindString, NotNull: true}}, PrimaryKey: []string{"id"}}},
 			{Op: OpCreateIndex, Index: &IndexSpec{Schema: "public", TableName: "issue", Name: "issue_pkey", Unique: true, Columns: []string{"id"}}},
 		}},
+		{Watermark: "0c", Num: 0, Last: true, Changes: ddlChanges()},
 	}}
+}
+
+// ddlChanges has one of each schema change.
+func ddlChanges() []Change {
+	spec := func(cols ...string) *TableSpec {
+		s := &TableSpec{Schema: "public", Name: "issue", PrimaryKey: []string{"id"}}
+		for i, c := range cols {
+			s.Columns = append(s.Columns, ColumnSpec{Name: c, Pos: i + 1, DataType: "int8", Kind: KindNumber})
+		}
+		return s
+	}
+	return []Change{
+		{Op: OpAddColumn, Spec: spec("id", "n"), Columns: []string{"n"}, New: Row{"n": json.RawMessage(`7`)}},
+		{Op: OpAddColumn, Spec: spec("id", "n", "m"), Columns: []string{"m"}},
+		{Op: OpUpdateColumn, Spec: spec("id", "n", "m2"), Columns: []string{"m", "m2"}},
+		{Op: OpDropColumn, Spec: spec("id", "n"), Columns: []string{"m2"}},
+		{Op: OpDropIndex, Index: &IndexSpec{Schema: "public", TableName: "issue", Name: "issue_n"}},
+		{Op: OpRenameTable, Spec: &TableSpec{Schema: "app", Name: "ticket", Columns: spec("id").Columns}},
+		{Op: OpDropTable},
+	}
 }
 
 func TestCodecRoundTrip(t *testing.T) {
@@ -111,6 +132,10 @@ func FuzzCodec(f *testing.F) {
 	b, _ := Encode(sampleMessage())
 	f.Add(b)
 	f.Add([]byte(`{"table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[{"op":"insert","new":{"a":"\u00e9\ud83d\ude00","b":[1,{"c":null}]}}]}]}`))
+	for _, c := range ddlChanges() {
+		b, _ := Encode(&Message{Schema: "public", Table: "issue", Parts: []Part{{Watermark: "0a", Num: 0, Last: true, Changes: []Change{c}}}})
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := Decode(data)
 		if err != nil {

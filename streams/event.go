@@ -58,8 +58,34 @@ const (
 	OpCreateTable Op = "create-table"
 	// OpCreateIndex creates an index.
 	OpCreateIndex Op = "create-index"
-	// OpBackfill carries many rows of the initial copy, column-wise.
+	// OpBackfill carries many rows of the initial copy, column-wise. A
+	// schema change can be followed by one too, in its transaction: then it
+	// re-sends whole rows of a table that joined the publications or gained
+	// a column whose existing values only Postgres can compute.
 	OpBackfill Op = "backfill"
+)
+
+// Schema changes (DDL), on the subject of the table they change. Each
+// carries the table's spec as it is after the change, except drop-table and
+// drop-index. A create-table of a table the consumer already has brings it
+// to the spec (the producer sends one when a primary key changes).
+const (
+	// OpDropTable drops the table, or removes it from the publications.
+	OpDropTable Op = "drop-table"
+	// OpRenameTable renames the table (or moves it to another schema) to
+	// Spec's schema and name. It travels on the old name's subject.
+	OpRenameTable Op = "rename-table"
+	// OpAddColumn adds column Columns[0]. New, when set, holds the value
+	// every existing row has in it (a constant default); otherwise existing
+	// rows hold null, or a backfill follows.
+	OpAddColumn Op = "add-column"
+	// OpUpdateColumn renames column Columns[0] to Columns[1] and/or
+	// changes its type; existing values keep what they were.
+	OpUpdateColumn Op = "update-column"
+	// OpDropColumn drops column Columns[0].
+	OpDropColumn Op = "drop-column"
+	// OpDropIndex drops the index named by Index.
+	OpDropIndex Op = "drop-index"
 )
 
 // Message is the body of one change message. All of it belongs to one table
@@ -281,6 +307,39 @@ func (c *Change) validate(onTable bool) error {
 			return errors.New("create-index without a spec")
 		}
 		return needTable()
+	case OpDropTable:
+		return needTable()
+	case OpRenameTable:
+		if err := c.validSpec(); err != nil {
+			return err
+		}
+		return needTable()
+	case OpAddColumn, OpDropColumn, OpUpdateColumn:
+		if err := c.validSpec(); err != nil {
+			return err
+		}
+		want := 1
+		if c.Op == OpUpdateColumn {
+			want = 2
+		}
+		if len(c.Columns) != want {
+			return fmt.Errorf("%s with %d columns, want %d", c.Op, len(c.Columns), want)
+		}
+		has := c.Spec.HasColumn(c.Columns[want-1])
+		if has == (c.Op == OpDropColumn) {
+			return fmt.Errorf("%s of %q: spec disagrees", c.Op, c.Columns[want-1])
+		}
+		if c.New != nil {
+			if _, ok := c.New[c.Columns[0]]; c.Op != OpAddColumn || len(c.New) != 1 || !ok {
+				return fmt.Errorf("%s: new must hold the added column alone", c.Op)
+			}
+		}
+		return needTable()
+	case OpDropIndex:
+		if c.Index == nil || c.Index.Name == "" {
+			return errors.New("drop-index without an index")
+		}
+		return needTable()
 	case OpBackfill:
 		for i, r := range c.Rows {
 			if len(r) != len(c.Columns) {
@@ -291,6 +350,23 @@ func (c *Change) validate(onTable bool) error {
 	default:
 		return fmt.Errorf("unknown op %q", c.Op)
 	}
+}
+
+func (c *Change) validSpec() error {
+	if c.Spec == nil || c.Spec.Name == "" || len(c.Spec.Columns) == 0 {
+		return fmt.Errorf("%s without a spec", c.Op)
+	}
+	return nil
+}
+
+// HasColumn reports whether s has a column named name.
+func (s *TableSpec) HasColumn(name string) bool {
+	for i := range s.Columns {
+		if s.Columns[i].Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // MsgID is the Nats-Msg-Id of a message whose first part is (wm, part).

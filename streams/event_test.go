@@ -13,6 +13,7 @@ func TestDecode(t *testing.T) {
 		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":3,"changes":[{"op":"delete","old":{"id":1}}]}]}`,
 		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"0b","part":0,"last":true,"changes":[{"op":"truncate"}]}]}`,
 		`{"parts":[{"wm":"0a","part":0,"changes":[{"op":"reset","reset":{"replicaVersion":"0a","publications":["p"],"systemID":"1","slot":"s"}}]}]}`,
+		`{"schema":"public","table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[{"op":"add-column","columns":["b"],"new":{"b":"x"},"spec":{"schema":"public","name":"t","columns":[{"name":"a","pos":1,"dataType":"int4","kind":"number"},{"name":"b","pos":2,"dataType":"text","kind":"string"}]}},{"op":"update-column","columns":["b","c"],"spec":{"schema":"public","name":"t","columns":[{"name":"a","pos":1,"dataType":"int4","kind":"number"},{"name":"c","pos":2,"dataType":"text","kind":"string"}]}},{"op":"drop-column","columns":["c"],"spec":{"schema":"public","name":"t","columns":[{"name":"a","pos":1,"dataType":"int4","kind":"number"}]}},{"op":"drop-index","index":{"schema":"public","tableName":"t","name":"t_a","unique":false,"columns":null}},{"op":"rename-table","spec":{"schema":"public","name":"u","columns":[{"name":"a","pos":1,"dataType":"int4","kind":"number"}]}},{"op":"drop-table"}]}]}`,
 	}
 	for _, s := range good {
 		m, err := Decode([]byte(s))
@@ -44,6 +45,16 @@ func TestDecode(t *testing.T) {
 		`{"table":"t","parts":[{"wm":"0a","part":3,"last":true,"changes":[]},{"wm":"0b","part":0,"last":true,"changes":[]}]}`,
 		`{"table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[]},{"wm":"09","part":0,"changes":[]}]}`,
 		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"backfill","columns":["a"],"rows":[[1,2]]}]}]}`,
+		// Schema changes: outside a table, without a spec, or with a spec
+		// that contradicts the change.
+		`{"parts":[{"wm":"0a","part":0,"changes":[{"op":"drop-table"}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"rename-table"}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"add-column","columns":["b"],"spec":{"name":"t","columns":[{"name":"a"}]}}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"add-column","columns":["a"],"new":{"b":1},"spec":{"name":"t","columns":[{"name":"a"}]}}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"drop-column","columns":["a"],"spec":{"name":"t","columns":[{"name":"a"}]}}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"update-column","columns":["a"],"spec":{"name":"t","columns":[{"name":"a"}]}}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"drop-column","columns":["b"],"new":{"b":1},"spec":{"name":"t","columns":[{"name":"a"}]}}]}]}`,
+		`{"table":"t","parts":[{"wm":"0a","part":0,"changes":[{"op":"drop-index","index":{"schema":"public"}}]}]}`,
 	}
 	for _, s := range bad {
 		if _, err := Decode([]byte(s)); !errors.Is(err, ErrMalformed) {

@@ -77,6 +77,14 @@ type decoder struct {
 	tables map[[2]string]*tableRef
 	arena  arena
 	log    *slog.Logger
+
+	// resumeWM and resumePartial are the position's: transactions before
+	// resumeWM are in the stream already, and so is resumeWM unless
+	// resumePartial. A schema change in them needs no backfill.
+	resumeWM      string
+	resumePartial bool
+	wm            string // of the transaction being decoded
+	skipping      bool   // it is in the stream already
 }
 
 func newDecoder(shard streams.Shard, reg *pgvalue.Registry, conn *pgx.Conn, log *slog.Logger) *decoder {
@@ -114,7 +122,9 @@ func parsePgoutput(data []byte) (m pglogrepl.Message, err error) {
 func (d *decoder) decode(ctx context.Context, m pglogrepl.Message, emit func(event) error) error {
 	switch m := m.(type) {
 	case *pglogrepl.BeginMessage:
-		return emit(event{kind: evBegin, wm: streams.Lexi(uint64(m.FinalLSN))})
+		d.wm = streams.Lexi(uint64(m.FinalLSN))
+		d.skipping = d.wm < d.resumeWM || d.wm == d.resumeWM && !d.resumePartial
+		return emit(event{kind: evBegin, wm: d.wm})
 	case *pglogrepl.CommitMessage:
 		return emit(event{
 			kind: evCommit, wm: streams.Lexi(uint64(m.CommitLSN)), end: m.TransactionEndLSN,
@@ -180,7 +190,7 @@ func (d *decoder) decode(ctx context.Context, m pglogrepl.Message, emit func(eve
 		return nil
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Transactional && m.Prefix == d.names.ddlPrefix() {
-			return d.ddl(m.Content, emit)
+			return d.ddl(ctx, m.Content, emit)
 		}
 		return nil
 	default:
@@ -191,23 +201,6 @@ func (d *decoder) decode(ctx context.Context, m pglogrepl.Message, emit func(eve
 
 func (d *decoder) emitChange(emit func(event) error, rel *relation, c streams.Change) error {
 	return emit(event{kind: evChange, table: rel.ref, change: c, size: changeSize(&c)})
-}
-
-// ddl handles a DDL event from the shard's event triggers. For now it is
-// only logged; translating it into schema changes goes here.
-func (d *decoder) ddl(content []byte, _ func(event) error) error {
-	var ev struct {
-		Type  string `json:"type"`
-		Event struct {
-			Tag string `json:"tag"`
-		} `json:"event"`
-	}
-	if err := json.Unmarshal(content, &ev); err != nil {
-		d.log.Warn("malformed ddl message", "err", err)
-		return nil
-	}
-	d.log.Info("ddl", "type", ev.Type, "tag", ev.Event.Tag)
-	return nil
 }
 
 func (d *decoder) rel(id uint32) (*relation, error) {

@@ -94,6 +94,30 @@ func pgDelete(rel uint32, key ...any) []byte {
 	return append(append(b, 'K'), pgTuple(key...)...)
 }
 
+// pgMessage is a transactional logical message.
+func pgMessage(prefix, content string) []byte {
+	b := []byte{'M', 1}
+	b = binary.BigEndian.AppendUint64(b, 0)
+	b = append(append(b, prefix...), 0)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(content)))
+	return append(b, content...)
+}
+
+// ddlSeed is an event trigger's ddlUpdate: table a gains, renames, retypes
+// and drops columns, gets a new index and a new name; b goes; c comes.
+const ddlSeed = `{"type":"ddlUpdate","version":1,"event":{"tag":"ALTER TABLE"},"context":{"query":"q"},
+"previousSchema":{"version":2,"tables":[
+ {"oid":"10","schema":"public","name":"a","replicaIdentity":"d","columns":{"id":{"pos":1,"typeOID":"20","notNull":true},"t":{"pos":2,"typeOID":"25"},"x":{"pos":3,"typeOID":"23"}}},
+ {"oid":"11","schema":"public","name":"b","replicaIdentity":"d","columns":{"id":{"pos":1,"typeOID":"20"}}}],
+ "indexes":[{"schema":"public","tableName":"a","name":"a_pkey","unique":true,"primary":true,"columns":["id"],"desc":[false]},
+  {"schema":"public","tableName":"a","name":"a_x","unique":false,"columns":["x","t"],"desc":[true,false]}]},
+"schema":{"version":2,"tables":[
+ {"oid":"10","schema":"public","name":"a2","replicaIdentity":"d","columns":{"id":{"pos":1,"typeOID":"20","notNull":true},"t2":{"pos":2,"typeOID":"1043","typmod":14},"n":{"pos":4,"typeOID":"23","dflt":"'-5'::integer"},"s":{"pos":5,"typeOID":"25","dflt":"'it''s'::text"},"z":{"pos":6,"typeOID":"1184","dflt":"now()"}}},
+ {"oid":"12","schema":"s","name":"c","replicaIdentity":"d","columns":{"k":{"pos":1,"typeOID":"23","notNull":true}}}],
+ "indexes":[{"schema":"public","tableName":"a2","name":"a_pkey","unique":true,"primary":true,"columns":["id"],"desc":[false]},
+  {"schema":"public","tableName":"a2","name":"a_n","unique":true,"columns":["n"],"desc":[true]},
+  {"schema":"s","tableName":"c","name":"c_pkey","unique":true,"primary":true,"columns":["k"]}]}}`
+
 // frames joins messages with 2-byte length prefixes: one fuzz input is a
 // replication session.
 func frames(msgs ...[]byte) []byte {
@@ -118,6 +142,7 @@ func FuzzDecodePgoutput(f *testing.F) {
 	f.Add(frames(rel, pgBegin(200), pgUpdate(16384, []any{"1", nil, nil, nil, nil, nil}, "2", "\x00toast", nil, "null", "{}", "NaN"), pgCommit(200)))
 	f.Add(frames(rel, pgBegin(300), pgDelete(16384, "2", nil, nil, nil, nil, nil), []byte{'T', 0, 0, 0, 1, 0, 0, 0, 0x40, 0}, pgCommit(300)))
 	f.Add(frames(pgRelation(1, "s", "t", []pgCol{{"x", 99999, true}}), pgInsert(1, "x")))
+	f.Add(frames(pgBegin(400), pgMessage("zero/0/ddl", ddlSeed), pgCommit(400)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d := newDecoder(streams.Shard{App: "zero"}, pgvalue.NewRegistry(), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		emit := func(ev event) error {

@@ -116,7 +116,36 @@ func setup(ctx context.Context, conn *pgx.Conn, n names, configured []string) (u
 	if err != nil {
 		return u, fmt.Errorf("write shardConfig: %w", err)
 	}
+	if u.ddlDetection {
+		if err := initPublishedSchema(ctx, conn, n); err != nil {
+			return u, err
+		}
+	}
 	return u, nil
+}
+
+// specsVersion marks the shape of schema_specs(); change it with the shape.
+const specsVersion = 2
+
+// initPublishedSchema records the published schema that the next DDL event
+// diffs against, when there is none yet or it has another shape: a diff
+// across shapes would report changes that never happened.
+func initPublishedSchema(ctx context.Context, conn *pgx.Conn, n names) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(ddlLockKey)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, strings.NewReplacer("{shard}", ident(n.shard)).Replace(`
+			INSERT INTO {shard}."publishedSchema" ("current") SELECT {shard}.schema_specs()
+			ON CONFLICT ("exists") DO UPDATE SET "current" = excluded."current"
+			WHERE {shard}."publishedSchema"."current" IS NULL
+				OR ({shard}."publishedSchema"."current"->>'version') IS DISTINCT FROM $1`), fmt.Sprint(specsVersion))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record published schema: %w", err)
+	}
+	return nil
 }
 
 func createPublication(ctx context.Context, conn *pgx.Conn, name, def string) error {
@@ -249,17 +278,22 @@ func ddlSQL(n names) string {
 		"{start}", ident(n.ddlStartTrigger()),
 		"{end}", ident(n.ddlEndTrigger()),
 		"{lock}", fmt.Sprint(int64(ddlLockKey)),
+		"{specsVersion}", fmt.Sprint(specsVersion),
 	)
 	return r.Replace(`
 CREATE OR REPLACE FUNCTION {shard}.schema_specs() RETURNS JSON AS $$
 	WITH pubs AS (
 		SELECT unnest(publications) AS pubname FROM {shard}."shardConfig"
 	), published AS (
-		SELECT DISTINCT c.oid, n.nspname, c.relname, c.relreplident
+		-- A column is published when any publication publishes it.
+		SELECT c.oid, n.nspname, c.relname, c.relreplident,
+			array_agg(DISTINCT a.attname) AS attnames
 		FROM pg_publication_tables pt
 		JOIN pubs USING (pubname)
 		JOIN pg_namespace n ON n.nspname = pt.schemaname
 		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+		CROSS JOIN unnest(pt.attnames) AS a(attname)
+		GROUP BY c.oid, n.nspname, c.relname, c.relreplident
 	), tables AS (
 		SELECT json_agg(json_build_object(
 			'oid', p.oid,
@@ -271,11 +305,13 @@ CREATE OR REPLACE FUNCTION {shard}.schema_specs() RETURNS JSON AS $$
 					'pos', a.attnum,
 					'dataType', format_type(a.atttypid, NULL),
 					'typeOID', a.atttypid,
+					'typmod', a.atttypmod,
 					'notNull', a.attnotnull,
 					'dflt', pg_get_expr(d.adbin, d.adrelid)))
 				FROM pg_attribute a
 				LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-				WHERE a.attrelid = p.oid AND a.attnum > 0 AND NOT a.attisdropped),
+				WHERE a.attrelid = p.oid AND a.attnum > 0 AND NOT a.attisdropped
+					AND a.attname = ANY (p.attnames)),
 			'primaryKey', (
 				SELECT json_agg(a.attname ORDER BY k.ord)
 				FROM pg_index i
@@ -295,16 +331,23 @@ CREATE OR REPLACE FUNCTION {shard}.schema_specs() RETURNS JSON AS $$
 			'tableName', p.relname,
 			'name', ic.relname,
 			'unique', i.indisunique,
+			'primary', i.indisprimary,
+			'replicaIdentity', i.indisreplident,
+			'partial', i.indpred IS NOT NULL OR i.indexprs IS NOT NULL,
 			'columns', (
 				SELECT json_agg(a.attname ORDER BY k.ord)
-				FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-				JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum)
+				FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+				JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum),
+			'desc', (
+				SELECT json_agg(k.opt & 1 = 1 ORDER BY k.ord)
+				FROM unnest(i.indoption::int2[]) WITH ORDINALITY AS k(opt, ord))
 		) ORDER BY p.nspname, p.relname, ic.relname) AS indexes
 		FROM published p
-		JOIN pg_index i ON i.indrelid = p.oid
+		JOIN pg_index i ON i.indrelid = p.oid AND i.indisvalid
 		JOIN pg_class ic ON ic.oid = i.indexrelid
 	)
 	SELECT json_build_object(
+		'version', {specsVersion},
 		'tables', COALESCE((SELECT tables FROM tables), '[]'::json),
 		'indexes', COALESCE((SELECT indexes FROM indexes), '[]'::json))
 $$ LANGUAGE SQL STABLE

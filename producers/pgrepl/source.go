@@ -72,6 +72,9 @@ type runState struct {
 	waiting []*nats.Msg
 	// streamed is set once a session reaches streaming.
 	streamed bool
+	// resyncReason, when set, is why the stream can't go on: the next
+	// session resets.
+	resyncReason string
 }
 
 // Run streams until ctx is done, reconnecting after transient failures. It
@@ -103,9 +106,14 @@ func (s *Source) Run(ctx context.Context) error {
 			return nil
 		}
 		var cfgErr *ConfigError
+		var rsErr *ResyncError
 		switch {
 		case errors.Is(err, errResync):
 			s.log.Info("resync requested")
+			continue
+		case errors.As(err, &rsErr):
+			s.log.Warn("replication cannot continue; resyncing", "reason", rsErr.Reason)
+			rs.resyncReason = rsErr.Reason
 			continue
 		case errors.As(err, &cfgErr):
 			return fmt.Errorf("pgrepl: %w", err)
@@ -204,6 +212,7 @@ func (s *Source) session(ctx context.Context, rs *runState) error {
 			return err
 		}
 		s.answerResyncs(rs, pos)
+		rs.resyncReason = ""
 	} else {
 		pos = position{slot: rec.Slot, replicaVersion: rec.ReplicaVersion, resumeWM: tl.wm, resumePart: allParts}
 		if tl.complete {
@@ -222,6 +231,8 @@ func (s *Source) session(ctx context.Context, rs *runState) error {
 // resetReason says why the stream can't resume, or "".
 func (s *Source) resetReason(ctx context.Context, conn *pgx.Conn, up upstream, rec *streams.Upstream, tl tail, rs *runState) (string, error) {
 	switch {
+	case rs.resyncReason != "":
+		return rs.resyncReason, nil
 	case len(rs.waiting) > 0:
 		return "resync requested", nil
 	case rec == nil:

@@ -44,6 +44,7 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	defer cancel()
 	g, rctx := errgroup.WithContext(rctx)
 	dec := newDecoder(s.cfg.Shard, s.reg, conn, log)
+	dec.resumeWM, dec.resumePartial = pos.resumeWM, pos.partial()
 	g.Go(func() error {
 		defer close(events)
 		return s.read(rctx, replConn, dec, events, st)

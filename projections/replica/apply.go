@@ -55,9 +55,8 @@ type Applier struct {
 	// of each row before it is written.
 	Collector Collector
 
-	tables         map[string]*table
-	tx             *sql.Tx
-	replicaVersion string
+	tables map[string]*table
+	tx     *sql.Tx
 }
 
 // NewApplier returns an Applier with empty caches.
@@ -71,7 +70,6 @@ func (a *Applier) Discard() {
 	a.closeStmts()
 	a.tables = map[string]*table{}
 	a.tx = nil
-	a.replicaVersion = ""
 }
 
 func (a *Applier) closeStmts() {
@@ -110,14 +108,26 @@ func (a *Applier) apply(ctx context.Context, tx *sql.Tx, schema, name string, p 
 		return a.createTable(ctx, tx, c.Spec, p.Watermark)
 	case streams.OpCreateIndex:
 		return a.createIndex(ctx, tx, c.Index)
+	case streams.OpDropTable:
+		return a.dropTable(ctx, tx, schema, name)
 	}
 	t, err := a.table(ctx, tx, TableName(schema, name))
 	if err != nil {
 		return err
 	}
 	switch c.Op {
+	case streams.OpRenameTable:
+		return a.renameTable(ctx, tx, t, c.Spec, p.Watermark)
+	case streams.OpAddColumn:
+		return a.addColumn(ctx, tx, t, c, p.Watermark)
+	case streams.OpUpdateColumn:
+		return a.updateColumn(ctx, tx, t, c, p.Watermark)
+	case streams.OpDropColumn:
+		return a.dropColumn(ctx, tx, t, c, p.Watermark)
+	case streams.OpDropIndex:
+		return a.dropIndex(ctx, tx, t, c.Index)
 	case streams.OpBackfill:
-		return a.backfill(ctx, tx, t, c)
+		return a.backfill(ctx, tx, t, c, p.Watermark)
 	case streams.OpTruncate:
 		if _, err := tx.ExecContext(ctx, "DELETE FROM "+quoteIdent(t.name)); err != nil {
 			return err
@@ -173,7 +183,6 @@ func (a *Applier) reset(ctx context.Context, tx *sql.Tx, r *streams.Reset, commi
 	if err := SaveProgress(ctx, tx, State{Watermark: r.ReplicaVersion, WriteTimeMs: int64(commitTimeMs)}); err != nil {
 		return err
 	}
-	a.replicaVersion = r.ReplicaVersion
 	return nil
 }
 
@@ -369,10 +378,11 @@ func (a *Applier) alterTable(ctx context.Context, tx *sql.Tx, old, t *table, ver
 			continue
 		}
 		// SQLite refuses to drop an indexed column.
-		if err := dropIndexesOn(ctx, tx, old.name, c.Name); err != nil {
+		dropped, err := dropIndexesOn(ctx, tx, old.name, c.Name)
+		if err != nil {
 			return err
 		}
-		if old.pkIndex != "" && slices.Contains(old.spec.PrimaryKey, c.Name) {
+		if slices.Contains(dropped, old.pkIndex) {
 			old.pkIndex = ""
 		}
 		if _, err := tx.ExecContext(ctx, "ALTER TABLE "+quoteIdent(old.name)+" DROP COLUMN "+quoteIdent(c.Name)); err != nil {
@@ -394,38 +404,49 @@ func (a *Applier) alterTable(ctx context.Context, tx *sql.Tx, old, t *table, ver
 			return fmt.Errorf("alter table %s: drop primary key index: %w", old.name, err)
 		}
 	}
+	return bumpVersions(ctx, tx, &t.spec, version)
+}
+
+// bumpVersions raises the version of every row of the table to version, so
+// that clients are sent them again (replication.md §9.2).
+func bumpVersions(ctx context.Context, tx *sql.Tx, spec *streams.TableSpec, version string) error {
 	if _, err := tx.ExecContext(ctx,
 		`INSERT INTO "_zero.tableMetadata" ("schema", "table", minRowVersion) VALUES (?, ?, ?)
 		 ON CONFLICT ("schema", "table") DO UPDATE SET minRowVersion = excluded.minRowVersion`,
-		schemaName(t.spec.Schema), t.spec.Name, version); err != nil {
-		return fmt.Errorf("alter table %s: metadata: %w", old.name, err)
+		schemaName(spec.Schema), spec.Name, version); err != nil {
+		return fmt.Errorf("table %s: metadata: %w", TableName(spec.Schema, spec.Name), err)
 	}
 	return nil
 }
 
-func dropIndexesOn(ctx context.Context, tx *sql.Tx, tableName, col string) error {
+// dropIndexesOn drops the indexes that use column col, which SQLite would
+// not let go of it, and returns their names.
+func dropIndexesOn(ctx context.Context, tx *sql.Tx, tableName, col string) ([]string, error) {
 	rows, err := tx.QueryContext(ctx,
 		`SELECT DISTINCT il.name FROM pragma_index_list(?) AS il, pragma_index_info(il.name) AS ii WHERE ii.name = ?`,
 		tableName, col)
 	if err != nil {
-		return fmt.Errorf("list indexes of %s: %w", tableName, err)
+		return nil, fmt.Errorf("list indexes of %s: %w", tableName, err)
 	}
 	var names []string
 	for rows.Next() {
 		var n string
 		if err := rows.Scan(&n); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		names = append(names, n)
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list indexes of %s: %w", tableName, err)
+	}
 	for _, n := range names {
 		if _, err := tx.ExecContext(ctx, "DROP INDEX IF EXISTS "+quoteIdent(n)); err != nil {
-			return fmt.Errorf("drop index %s: %w", n, err)
+			return nil, fmt.Errorf("drop index %s: %w", n, err)
 		}
 	}
-	return rows.Err()
+	return names, nil
 }
 
 // saveTable records t's spec and column metadata.
@@ -548,28 +569,11 @@ func sameSet(a, b []string) bool {
 	return true
 }
 
-// version returns the replica version, which backfilled rows get.
-func (a *Applier) version(ctx context.Context, tx *sql.Tx) (string, error) {
-	if a.replicaVersion == "" {
-		st, err := LoadState(ctx, tx)
-		if err != nil {
-			return "", err
-		}
-		if st.ReplicaVersion == "" {
-			return "", errors.New("backfill before any reset")
-		}
-		a.replicaVersion = st.ReplicaVersion
-	}
-	return a.replicaVersion, nil
-}
-
-func (a *Applier) backfill(ctx context.Context, tx *sql.Tx, t *table, c *streams.Change) error {
+// backfill writes whole rows at version: the replica version in an initial
+// sync, the schema change's transaction after one.
+func (a *Applier) backfill(ctx context.Context, tx *sql.Tx, t *table, c *streams.Change, version string) error {
 	if len(c.Rows) == 0 {
 		return nil
-	}
-	version, err := a.version(ctx, tx)
-	if err != nil {
-		return err
 	}
 	cols := make([]*column, len(c.Columns))
 	names := make([]string, len(c.Columns)+1)

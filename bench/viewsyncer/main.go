@@ -1,0 +1,289 @@
+// Command viewsyncer measures the sync server of `jetsync run` against
+// zero-cache 1.9.0's figures (../shared/bench/README.md), on the benchmark
+// dataset seeded with seed.sh 100000 (451,020 rows):
+//
+//   - server: a Go client speaking protocol v51 puts a query over the whole
+//     issue table; the time from that put to the pokeEnd of the poke that
+//     carries its gotQueriesPatch;
+//   - client: the real @rocicorp/zero 1.9.0 client under Node 22 (client.mjs)
+//     materializes the whole issue table; the time until the view reports
+//     complete;
+//   - groups: 50 Go clients, each its own group, connect at once with 5
+//     legacy queries each; the time until every query is complete (its
+//     gotQueriesPatch arrived in a finished poke);
+//   - latency: 500 single-row UPDATEs of rows a connected client views; the
+//     time from the commit returning to the pokeEnd carrying the change;
+//   - rss: the jetsync process's peak RSS (VmHWM) after each measure.
+//
+// Usage: go run ./bench/viewsyncer [-measures server,client,groups,latency] [-runs 3]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// zero-cache 1.9.0 on this machine (../shared/bench/README.md), and the
+// issue's aims as fractions of them.
+const (
+	zcServerMS          = 2165 // median of 1,992 / 2,283 / 2,165 ms
+	zcClientMS          = 2688 // 2,934–3,211 ms in later runs
+	zcGroupsMS          = 5382
+	zcP50, zcP95, zcP99 = 5.8, 11.5, 15.3
+	zcRSSMiB            = 3289
+
+	aimServer = 0.25
+	aimClient = 0.6
+	aimGroups = 0.33
+	aimP50MS  = 3.0
+	aimP99MS  = 8.0
+	aimRSSMiB = 400
+)
+
+type options struct {
+	issues   int
+	shared   string
+	bin      string
+	measures string
+	runs     int
+	clients  int
+	updates  int
+	rate     int
+	latQs    string
+	keep     bool
+	verbose  bool
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.issues, "issues", 100000, "seed.sh ISSUES (100000 gives 451,020 rows)")
+	flag.StringVar(&o.shared, "shared", "../shared/bench", "folder holding seed.sh and schema.sql")
+	flag.StringVar(&o.bin, "bin", "bin/jetsync", "the jetsync binary (make build); built into a temporary folder when missing")
+	flag.StringVar(&o.measures, "measures", "server,client,groups,latency", "comma-separated measures to run: server, client, groups, latency (rss is always reported)")
+	flag.IntVar(&o.runs, "runs", 3, "repetitions of the server, client and groups measures; medians are reported")
+	flag.IntVar(&o.clients, "clients", 50, "client groups in the groups measure (5 queries each)")
+	flag.IntVar(&o.updates, "updates", 500, "single-row updates in the latency measure")
+	flag.IntVar(&o.rate, "rate", 50, "updates per second in the latency measure")
+	flag.StringVar(&o.latQs, "latency-queries", strings.Join(shapes, ","), "the queries the latency client holds (issuesWithLabels must be one: the updates retitle its rows)")
+	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (Postgres, jetsync's data and log)")
+	flag.BoolVar(&o.verbose, "v", false, "print each run")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "viewsyncer:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	want := map[string]bool{}
+	for _, m := range strings.Split(o.measures, ",") {
+		switch m = strings.TrimSpace(m); m {
+		case "server", "client", "groups", "latency":
+			want[m] = true
+		case "", "rss":
+		default:
+			return fmt.Errorf("unknown measure %q", m)
+		}
+	}
+	if o.runs < 1 {
+		return errors.New("-runs must be at least 1")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	root, err := os.MkdirTemp("", "jetsync-bench-vs-")
+	if err != nil {
+		return err
+	}
+	if o.keep {
+		fmt.Println("temporary folder:", root)
+	} else {
+		defer os.RemoveAll(root)
+	}
+	bin, err := jetsyncBin(ctx, o.bin, root)
+	if err != nil {
+		return err
+	}
+
+	up, err := startUpstream(ctx, root, o.shared, o.issues)
+	if err != nil {
+		return err
+	}
+	defer up.close()
+
+	js, err := startJetsync(ctx, bin, root, up.url)
+	if err != nil {
+		return err
+	}
+	defer js.stop()
+	fmt.Printf("jetsync ready in %v (replica applied), sync endpoint %s\n", js.readyIn.Round(time.Millisecond), js.base)
+
+	var rep report
+	rep.rss = append(rep.rss, js.rss("ready"))
+	if want["server"] {
+		for i := range o.runs {
+			r, err := measureServer(js.base, i)
+			if err != nil {
+				return fmt.Errorf("server hydration: %w", err)
+			}
+			if r.rows != o.issues {
+				return fmt.Errorf("server hydration: got %d issue rows; want %d", r.rows, o.issues)
+			}
+			if o.verbose {
+				fmt.Printf("server run %d: %v, %d rows, %.1f MB of frames\n", i, r.took.Round(time.Millisecond), r.rows, float64(r.bytes)/1e6)
+			}
+			rep.server = append(rep.server, r)
+		}
+		rep.rss = append(rep.rss, js.rss("server"))
+	}
+	if want["client"] {
+		node, err := nodeBin()
+		if err != nil {
+			fmt.Println("client: skipped:", err)
+		} else {
+			rep.client, err = measureClient(ctx, node, js.base, o.runs, o.issues)
+			if err != nil {
+				return fmt.Errorf("real client: %w", err)
+			}
+			if o.verbose {
+				fmt.Println("client runs:", rep.client)
+			}
+			rep.rss = append(rep.rss, js.rss("client"))
+		}
+	}
+	if want["groups"] {
+		q := newQueries(o.issues)
+		for i := range o.runs {
+			d, err := measureGroups(ctx, js.base, q, o.clients, i)
+			if err != nil {
+				return fmt.Errorf("groups: %w", err)
+			}
+			if o.verbose {
+				fmt.Printf("groups run %d: %v\n", i, d.Round(time.Millisecond))
+			}
+			rep.groups = append(rep.groups, d)
+		}
+		rep.rss = append(rep.rss, js.rss("groups"))
+	}
+	if want["latency"] {
+		l, err := measureLatency(ctx, js.base, up.url, newQueries(o.issues), strings.Split(o.latQs, ","), o.updates, o.rate)
+		if err != nil {
+			return fmt.Errorf("latency: %w", err)
+		}
+		rep.latency = l
+		rep.rss = append(rep.rss, js.rss("latency"))
+	}
+	if err := js.alive(); err != nil {
+		return err
+	}
+	rep.print(o)
+	return nil
+}
+
+// jetsyncBin returns path when it exists, else builds ./cmd/jetsync into dir
+// without -race, as make build does.
+func jetsyncBin(ctx context.Context, path, dir string) (string, error) {
+	if _, err := os.Stat(path); err == nil {
+		return filepath.Abs(path)
+	}
+	out := filepath.Join(dir, "jetsync")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/jetsync")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build jetsync: %w\n%s", err, b)
+	}
+	return out, nil
+}
+
+// nodeBin is the Node 22 that make node-deps installs (scripts/node22).
+func nodeBin() (string, error) {
+	out, err := exec.Command("scripts/node22", "--path").Output()
+	if err != nil {
+		return "", fmt.Errorf("node 22 not found (make node-deps): %w", err)
+	}
+	node := strings.TrimSpace(string(out))
+	if _, err := os.Stat(node); err != nil {
+		return "", fmt.Errorf("node 22 not found (make node-deps): %w", err)
+	}
+	return node, nil
+}
+
+type report struct {
+	server  []serverRun
+	client  []time.Duration
+	groups  []time.Duration
+	latency *latencies
+	rss     []rssSample
+}
+
+func (r report) print(o options) {
+	fmt.Println()
+	fmt.Printf("| measure (seed.sh %d) | jetsync | zero-cache 1.9.0 | ratio | aim |\n", o.issues)
+	fmt.Println("|---|---|---|---|---|")
+	if len(r.server) > 0 {
+		ds := make([]time.Duration, len(r.server))
+		for i, s := range r.server {
+			ds[i] = s.took
+		}
+		m := median(ds)
+		fmt.Printf("| server side: whole `issue` table (%d rows, %.1f MB of frames), put → pokeEnd with its gotQueriesPatch; median of %d (%s) | %d ms | %d ms | %.2f× | ≤ %.2f× %s |\n",
+			r.server[0].rows, float64(r.server[0].bytes)/1e6, len(ds), list(ds), m.Milliseconds(), zcServerMS, ratio(m, zcServerMS), aimServer, met(ratio(m, zcServerMS) <= aimServer))
+	}
+	if len(r.client) > 0 {
+		m := median(r.client)
+		fmt.Printf("| one real client (@rocicorp/zero 1.9.0, Node 22) hydrating the whole `issue` table until complete; median of %d (%s) | %d ms | %d ms (2,934–3,211 later) | %.2f× | ≤ %.2f× %s |\n",
+			len(r.client), list(r.client), m.Milliseconds(), zcClientMS, ratio(m, zcClientMS), aimClient, met(ratio(m, zcClientMS) <= aimClient))
+	}
+	if len(r.groups) > 0 {
+		m := median(r.groups)
+		fmt.Printf("| %d clients × 5 queries, each its own group, until all complete; median of %d (%s) | %d ms | %d ms | %.2f× | ≤ %.2f× %s |\n",
+			o.clients, len(r.groups), list(r.groups), m.Milliseconds(), zcGroupsMS, ratio(m, zcGroupsMS), aimGroups, met(ratio(m, zcGroupsMS) <= aimGroups))
+	}
+	if l := r.latency; l != nil {
+		fmt.Printf("| commit → client poke, %d single-row updates at %d/s, the client holding %d queries, p50 / p95 / p99 | %.1f / %.1f / %.1f ms | %.1f / %.1f / %.1f ms | %.2f× / %.2f× / %.2f× | p50 ≤ %.0f ms %s, p99 ≤ %.0f ms %s |\n",
+			l.n, o.rate, l.queries, ms(l.p50), ms(l.p95), ms(l.p99), zcP50, zcP95, zcP99,
+			ms(l.p50)/zcP50, ms(l.p95)/zcP95, ms(l.p99)/zcP99, aimP50MS, met(ms(l.p50) <= aimP50MS), aimP99MS, met(ms(l.p99) <= aimP99MS))
+	}
+	if len(r.rss) > 0 {
+		last := r.rss[len(r.rss)-1]
+		var steps []string
+		for _, s := range r.rss {
+			steps = append(steps, fmt.Sprintf("%s %d (live heap ~%d)", s.after, s.hwm>>20, s.live>>20))
+		}
+		fmt.Printf("| peak RSS of the jetsync process (VmHWM; MiB after each step: %s) | %d MiB | %d MiB | %.2f× | ≤ %d MiB %s |\n",
+			strings.Join(steps, ", "), last.hwm>>20, zcRSSMiB, float64(last.hwm>>20)/zcRSSMiB, aimRSSMiB, met(last.hwm>>20 <= aimRSSMiB))
+	}
+}
+
+func met(ok bool) string {
+	if ok {
+		return "(met)"
+	}
+	return "(not met)"
+}
+
+func ratio(d time.Duration, refMS float64) float64 { return ms(d) / refMS }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func list(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = fmt.Sprint(d.Milliseconds())
+	}
+	return strings.Join(parts, " / ") + " ms"
+}

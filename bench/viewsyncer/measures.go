@@ -1,0 +1,290 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
+)
+
+// allIssues is the whole issue table, as the e2e app's allIssues shape
+// sends it.
+var allIssues = newQuery(`{"table":"issue","orderBy":[["id","asc"]]}`)
+
+type serverRun struct {
+	took  time.Duration
+	rows  int
+	bytes int
+}
+
+// measureServer times one new group's query over the whole issue table
+// from its put (in the initConnection sent after connected) to the pokeEnd
+// of the poke carrying its gotQueriesPatch. The query then goes with a del
+// and TTL 0, so that no run's rows stay behind in the server.
+func measureServer(base string, run int) (serverRun, error) {
+	c, err := dial(base, fmt.Sprintf("bench-server-%d-%d", time.Now().UnixNano(), run), "c", "")
+	if err != nil {
+		return serverRun{}, err
+	}
+	defer c.close()
+	if err := c.expect("connected"); err != nil {
+		return serverRun{}, err
+	}
+	c.bytes = 0
+	start := time.Now()
+	if err := c.send(initConnection(allIssues.put(0))); err != nil {
+		return serverRun{}, err
+	}
+	end, rows, err := c.waitGot(allIssues.hash)
+	if err != nil {
+		return serverRun{}, err
+	}
+	r := serverRun{took: end.Sub(start), rows: rows, bytes: c.bytes}
+	if err := c.send(`["changeDesiredQueries",{"desiredQueriesPatch":[{"op":"del","hash":"` + allIssues.hash + `"}]}]`); err != nil {
+		return r, err
+	}
+	for {
+		p, err := c.nextPoke("")
+		if err != nil {
+			return r, fmt.Errorf("await the query's removal: %w", err)
+		}
+		if p.got[allIssues.hash] == "del" {
+			return r, nil
+		}
+	}
+}
+
+// queries makes each benchmark client's five legacy queries, the ASTs the
+// real client sends for the e2e app's shapes (e2e/client/app/queries.mjs)
+// with their default limits, and arguments that differ between clients.
+type queries struct{ issues, users int }
+
+func newQueries(issues int) queries { return queries{issues: issues, users: max(10, issues/100)} }
+
+// shapes names the five queries, in the order of queries.of.
+var shapes = []string{"openByModified", "issueWithComments", "issuesWithLabels", "issuesWithLabel", "closedOrOwnedBy"}
+
+func (q queries) of(client int) []query {
+	issue := fmt.Sprintf("i%07d", 1+(client*1999)%q.issues)
+	label := fmt.Sprintf("l%02d", 1+client%20)
+	owner := fmt.Sprintf("u%06d", 1+client%q.users)
+	return []query{
+		// openByModified({limit: 50})
+		newQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"open"},"right":{"type":"literal","value":true},"op":"="},"related":[{"correlation":{"parentField":["owner_id"],"childField":["id"]},"subquery":{"table":"user","alias":"owner"},"system":"client"}],"limit":50,"orderBy":[["modified","desc"]]}`),
+		// issueWithComments({id})
+		newQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"` + issue + `"},"op":"="},"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["created","asc"]]},"system":"client"}],"limit":1}`),
+		// issuesWithLabels({limit: 30})
+		newQuery(`{"table":"issue","related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"hidden":true,"subquery":{"table":"issue_label","alias":"labels","related":[{"correlation":{"parentField":["label_id"],"childField":["id"]},"subquery":{"table":"label","alias":"labels"},"system":"client"}]},"system":"client"}],"limit":30,"orderBy":[["id","asc"]]}`),
+		// issuesWithLabel({labelID, limit: 40})
+		newQuery(`{"table":"issue","where":{"type":"correlatedSubquery","related":{"system":"client","correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"issue_label","alias":"zsubq_labels","where":{"type":"correlatedSubquery","related":{"system":"client","correlation":{"parentField":["label_id"],"childField":["id"]},"subquery":{"table":"label","alias":"zsubq_zhidden_labels","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"` + label + `"},"op":"="}}},"op":"EXISTS"}}},"op":"EXISTS"},"limit":40,"orderBy":[["modified","desc"]]}`),
+		// closedOrOwnedBy({ownerID, limit: 60})
+		newQuery(`{"table":"issue","where":{"type":"or","conditions":[{"type":"simple","left":{"type":"column","name":"open"},"right":{"type":"literal","value":false},"op":"="},{"type":"simple","left":{"type":"column","name":"owner_id"},"right":{"type":"literal","value":"` + owner + `"},"op":"="}]},"limit":60,"orderBy":[["id","asc"]]}`),
+	}
+}
+
+// named picks the queries of client whose shapes are named.
+func (q queries) named(client int, names []string) ([]query, error) {
+	all := q.of(client)
+	var qs []query
+	for _, n := range names {
+		i := slices.Index(shapes, n)
+		if i < 0 {
+			return nil, fmt.Errorf("unknown shape %q (have %s)", n, strings.Join(shapes, ", "))
+		}
+		qs = append(qs, all[i])
+	}
+	return qs, nil
+}
+
+// connectGroup dials a new group whose initConnection (in the header, as
+// the real client sends it) desires qs with the client's default TTL.
+func connectGroup(base, group string, qs []query) (*wsClient, error) {
+	puts := make([]string, len(qs))
+	for i, q := range qs {
+		puts[i] = q.put(300000)
+	}
+	return dial(base, group, "c", initConnection(puts...))
+}
+
+func hashes(qs []query) []string {
+	hs := make([]string, len(qs))
+	for i, q := range qs {
+		hs[i] = q.hash
+	}
+	return hs
+}
+
+// measureGroups connects n clients at once, each its own group with five
+// queries, and times until every query of every client is complete.
+func measureGroups(ctx context.Context, base string, q queries, n, run int) (time.Duration, error) {
+	prefix := fmt.Sprintf("bench-groups-%d-%d", time.Now().UnixNano(), run)
+	var mu sync.Mutex
+	var last time.Time
+	var clients []*wsClient
+	defer func() {
+		for _, c := range clients {
+			c.close()
+		}
+	}()
+	g, _ := errgroup.WithContext(ctx)
+	start := time.Now()
+	for i := range n {
+		g.Go(func() error {
+			qs := q.of(i)
+			c, err := connectGroup(base, fmt.Sprintf("%s-%d", prefix, i), qs)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			clients = append(clients, c)
+			mu.Unlock()
+			end, _, err := c.waitGot(hashes(qs)...)
+			if err != nil {
+				return fmt.Errorf("client %d: %w", i, err)
+			}
+			mu.Lock()
+			if end.After(last) {
+				last = end
+			}
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	return last.Sub(start), nil
+}
+
+type latencies struct {
+	n, queries    int
+	p50, p95, p99 time.Duration
+}
+
+// measureLatency connects one client with the first benchmark client's
+// queries (those named; issuesWithLabels must be one), then commits n single-row UPDATEs at rate per second, each
+// retitling one of the 30 issues its issuesWithLabels query shows, and
+// times each from its commit returning to the pokeEnd carrying the new
+// title.
+func measureLatency(ctx context.Context, base, pgURL string, q queries, names []string, n, rate int) (*latencies, error) {
+	if !slices.Contains(names, "issuesWithLabels") {
+		return nil, errors.New("the latency client must hold issuesWithLabels, whose rows the updates change")
+	}
+	qs, err := q.named(0, names)
+	if err != nil {
+		return nil, err
+	}
+	c, err := connectGroup(base, fmt.Sprintf("bench-latency-%d", time.Now().UnixNano()), qs)
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	if _, _, err := c.waitGot(hashes(qs)...); err != nil {
+		return nil, err
+	}
+	pg, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pg.Close(context.WithoutCancel(ctx))
+
+	marker := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
+	committed := make([]time.Time, n)
+	arrived := make([]time.Time, n)
+	done := make(chan error, 1)
+	go func() {
+		seen := 0
+		for seen < n {
+			p, err := c.nextPoke(marker)
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, t := range p.markers {
+				i, err := strconv.Atoi(strings.TrimPrefix(t, marker))
+				if err == nil && i >= 0 && i < n && arrived[i].IsZero() {
+					arrived[i] = p.end
+					seen++
+				}
+			}
+		}
+		done <- nil
+	}()
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		id := fmt.Sprintf("i%07d", 1+i%30)
+		if _, err := pg.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, marker+strconv.Itoa(i), id); err != nil {
+			return nil, err
+		}
+		committed[i] = time.Now()
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			return nil, err
+		}
+	case <-time.After(time.Minute):
+		c.close()
+		return nil, fmt.Errorf("not every update reached the client within a minute of the last commit: %w", errTimeout)
+	}
+	ds := make([]time.Duration, n)
+	for i := range n {
+		ds[i] = max(0, arrived[i].Sub(committed[i]))
+	}
+	slices.Sort(ds)
+	return &latencies{n: n, queries: len(qs), p50: ds[n/2], p95: ds[n*95/100], p99: ds[n*99/100]}, nil
+}
+
+// measureClient runs client.mjs: the real Zero client, under Node 22,
+// materializing the whole issue table runs times, each a new client group.
+func measureClient(ctx context.Context, node, base string, runs, issues int) ([]time.Duration, error) {
+	cmd := exec.CommandContext(ctx, node, "bench/viewsyncer/client.mjs", base, strconv.Itoa(runs))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	var ds []time.Duration
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var r struct {
+			Run   int     `json:"run"`
+			MS    float64 `json:"ms"`
+			Rows  int     `json:"rows"`
+			Error string  `json:"error"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("client.mjs printed %q", sc.Text())
+		}
+		if r.Error != "" {
+			return nil, fmt.Errorf("client.mjs: %s", r.Error)
+		}
+		if r.Rows != issues {
+			return nil, fmt.Errorf("client.mjs run %d: %d rows; want %d", r.Run, r.Rows, issues)
+		}
+		ds = append(ds, time.Duration(r.MS*float64(time.Millisecond)))
+	}
+	if err := cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("client.mjs: %w\n%s", err, stderr.String())
+	}
+	if len(ds) != runs {
+		return nil, fmt.Errorf("client.mjs reported %d runs; want %d\n%s", len(ds), runs, stderr.String())
+	}
+	return ds, nil
+}

@@ -150,6 +150,8 @@ type Consumer struct {
 	badReset    uint64        // a reset seq whose history has a gap
 	lastGapSeq  uint64
 	resyncAt    time.Time // when to repeat a resync request; zero = none pending
+	full        diskFull
+	rereadGap   uint64 // seq of the last gap read again before a rebuild
 }
 
 // New returns a Consumer; Run starts it.
@@ -237,15 +239,11 @@ func (c *Consumer) checkpoints(ctx context.Context) {
 
 // Run follows the change stream until ctx is done, then returns nil.
 func (c *Consumer) Run(ctx context.Context) error {
-	db, err := OpenDB(c.cfg.File)
-	if err != nil {
+	db, st, err := c.open(ctx)
+	if err != nil || db == nil {
 		return err
 	}
 	defer db.Close()
-	st, err := replica.LoadState(ctx, db)
-	if err != nil {
-		return err
-	}
 	c.proc = newProcessor(db, st)
 	c.proc.newBatch = func() *changeBatch {
 		if !c.hasSubscribers() {
@@ -268,6 +266,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	for {
 		err := c.follow(ctx, stream)
+		if isDiskFull(err) {
+			// Rolled back and not acked: following again redelivers it.
+			if ctx.Err() != nil {
+				c.log.Warn("replica disk full at shutdown: the batch in hand is rolled back, to be delivered again", "err", err)
+				return nil
+			}
+			if !c.waitForSpace(ctx, err) {
+				return nil
+			}
+			c.last = nil
+			continue
+		}
 		var gap *GapError
 		if !errors.As(err, &gap) {
 			if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
@@ -281,13 +291,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			return err
 		}
+		if c.rereadFirst(gap) {
+			continue
+		}
 		c.log.Error("replica missed history; rebuilding it", "seq", gap.Seq, "reason", gap.Reason)
 		if c.rebuiltFrom != 0 && (c.proc.st.ReplicaVersion == "" || gap.Seq == c.lastGapSeq) {
 			// Rebuilding from this reset ran into a gap too.
 			c.badReset = c.rebuiltFrom
 		}
 		c.lastGapSeq = gap.Seq
-		if err := c.proc.wipe(context.WithoutCancel(ctx)); err != nil {
+		if err := c.whileFull(ctx, func() error { return c.proc.wipe(context.WithoutCancel(ctx)) }); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		c.publish(c.proc.st, outcome{reset: true})
@@ -477,6 +493,7 @@ func (c *Consumer) commit(ctx context.Context) error {
 	if c.last != nil {
 		c.ack(c.last)
 	}
+	c.wrote()
 	c.metrics.txns.Add(float64(o.txns))
 	c.metrics.changes.Add(float64(o.changes))
 	c.metrics.observeLag(time.Now(), o.commitTimes)

@@ -14,6 +14,9 @@ type metrics struct {
 	txns, changes prometheus.Counter
 	lsn, seq      prometheus.Gauge
 	lag           prometheus.Histogram
+	// diskFull is 1 while writes to the replica fail for want of space.
+	diskFull        prometheus.Gauge
+	diskFullRetries prometheus.Counter
 }
 
 // newMetrics makes the consumer's metrics, named as zero-cache's where it
@@ -39,6 +42,12 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 			Name: "jetsync_replication_lag_seconds", Help: "Upstream commit to replica commit, per transaction.", ConstLabels: labels,
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
 		}),
+		diskFull: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetsync_replica_disk_full", Help: "1 while writes to the replica fail because its disk is full; they are retried with backoff.", ConstLabels: labels,
+		}),
+		diskFullRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetsync_replica_disk_full_retries_total", Help: "Writes to the replica that failed because its disk was full, each retried after a backoff.", ConstLabels: labels,
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -57,6 +66,12 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 		return nil, err
 	}
 	if m.lag, err = register(reg, m.lag); err != nil {
+		return nil, err
+	}
+	if m.diskFull, err = register(reg, m.diskFull); err != nil {
+		return nil, err
+	}
+	if m.diskFullRetries, err = register(reg, m.diskFullRetries); err != nil {
 		return nil, err
 	}
 	return m, nil

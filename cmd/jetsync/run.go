@@ -28,7 +28,7 @@ logs how to connect to it with psql.`
 type runFlags struct {
 	roleFlags
 	upstreamFlags
-	auth       authFlags
+	auth       syncFlags
 	natsListen string
 	demoPGPort int
 	pgBin      string
@@ -123,11 +123,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer h.Close()
-	srv, err := newSyncServer(h, file, cons, shard, c.auth, log, metrics.For("view-syncer"))
+	srv, closeSrv, err := newSyncServer(ctx, h, rl, js, file, cons, c.auth)
 	if err != nil {
 		return err
 	}
-	defer srv.Close()
+	defer closeSrv()
 	log.Info("jetsync running", "replica", file, "stream", shard.ChangesStream(), "data_dir", dataDir, "port", h.Port())
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},

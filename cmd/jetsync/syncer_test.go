@@ -12,13 +12,13 @@ func TestAuthFlags_Register(t *testing.T) {
 	vars := map[string]string{"ZERO_AUTH_JWK": jwk, "ZERO_AUTH_JWKS_URL": "https://env.test/jwks", "ZERO_AUTH_ISSUER": "iss"}
 	e := &env{lookup: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
 	fs := flag.NewFlagSet("jetsync view-syncer", flag.ContinueOnError)
-	var a authFlags
+	var a syncFlags
 	a.register(fs, e)
 	if err := fs.Parse([]string{"-auth-jwks-url", "https://flag.test/jwks"}); err != nil {
 		t.Fatal(err)
 	}
 	if a.jwk != jwk || a.jwksURL != "https://flag.test/jwks" || a.issuer != "iss" || a.secret != "" {
-		t.Errorf("authFlags = %+v; want the JWK and issuer from env, the JWKS URL from the flag", a)
+		t.Errorf("syncFlags = %+v; want the JWK and issuer from env, the JWKS URL from the flag", a)
 	}
 	var usage bytes.Buffer
 	fs.SetOutput(&usage)

@@ -37,7 +37,7 @@ type consumerRole struct {
 type consumerFlags struct {
 	roleFlags
 	natsFlags
-	auth authFlags
+	auth syncFlags
 }
 
 // runConsumerRole runs a replica consumer and the HTTP server against an
@@ -85,11 +85,11 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 	defer h.Close()
 	stages := [][]component{{{r.name, cons.Run}}, {{"http", h.Run}}}
 	if r.sync {
-		srv, err := newSyncServer(h, file, cons, shard, c.auth, log, metrics.For("view-syncer"))
+		srv, closeSrv, err := newSyncServer(ctx, h, rl, js, file, cons, c.auth)
 		if err != nil {
 			return err
 		}
-		defer srv.Close()
+		defer closeSrv()
 		// The sync server stops before the replica it reads.
 		stages = append([][]component{{{"sync", srv.Run}}}, stages...)
 	}

@@ -254,3 +254,20 @@ func (s *Store) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// Owner reads a group's lease record; the zero CVROwner when nobody holds
+// it.
+func (s *Store) Owner(ctx context.Context, groupID string) (streams.CVROwner, error) {
+	var o streams.CVROwner
+	e, err := s.kv.Get(ctx, streams.OwnerKey(groupID))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return o, nil
+	}
+	if err != nil {
+		return o, fmt.Errorf("owner of %q: %w", groupID, err)
+	}
+	if err := json.Unmarshal(e.Value(), &o); err != nil {
+		return o, fmt.Errorf("owner of %q: %w", groupID, err)
+	}
+	return o, nil
+}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
 // Timing of the downstream (sync-protocol.md §10).
@@ -181,15 +183,30 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	g, err := s.group(ctx, p.clientGroupID)
-	if err != nil {
-		closeWithError(ws, newProtocolError(kindInternal, "%v", err))
-		return
-	}
-	c.g = g
-	if perr := g.attach(c, sp.AuthToken != "", authData); perr != nil {
-		closeWithError(ws, perr)
-		return
+	var g *group
+	for {
+		g, err = s.group(ctx, p.clientGroupID)
+		var owned *cvrstore.OwnedError
+		if errors.As(err, &owned) && owned.Owner.Address != "" && r.Header.Get(forwardedHeader) == "" {
+			log.Debug("forwarding to the client group's owner", "client_group", p.clientGroupID, "owner", owned.Owner.ID)
+			s.forward(ctx, ws, r, proto, owned)
+			return
+		}
+		if err != nil {
+			log.Info("client group not served here", "client_group", p.clientGroupID, "err", err)
+			closeWithError(ws, loadError(err))
+			return
+		}
+		c.g = g
+		perr := g.attach(c, sp.AuthToken != "", authData)
+		if perr == errUnloaded {
+			continue // it left memory meanwhile: load it again
+		}
+		if perr != nil {
+			closeWithError(ws, perr)
+			return
+		}
+		break
 	}
 	s.metrics.connections.Inc()
 	defer s.metrics.connections.Dec()
@@ -490,4 +507,77 @@ func drainClose(ws *websocket.Conn) {
 			return
 		}
 	}
+}
+
+// ownedRetry is the reconnect delay a client gets from a view-syncer whose
+// peer owns its group: the peer may be reached on the next attempt, or its
+// lease runs out.
+const ownedRetry = 1000
+
+// loadError is what a client is told when its group cannot be loaded. A
+// group a live peer owns is Rehome in zero-cache's OwnershipError form;
+// any other failure is transient too, so Rehome as well ("Reconnect
+// required"): Internal would stop the client for good.
+func loadError(err error) *protocolError {
+	var owned *cvrstore.OwnedError
+	if errors.As(err, &owned) {
+		perr := ownershipError(owned.Owner, time.Now())
+		d := ownedRetry
+		perr.MaxBackoffMs = &d
+		return perr
+	}
+	return newProtocolError(kindRehome, "Reconnect required")
+}
+
+// forwardedHeader marks a connection one view-syncer forwards to another,
+// which serves it or refuses it, never forwards it again: two peers that
+// each think the other owns a group do not bounce a client between them.
+const forwardedHeader = "X-Jetsync-Forwarded"
+
+// forward serves a client whose group a live peer owns through that peer:
+// it opens the same sync URL there and relays frames both ways until
+// either side closes, so that any view-syncer can take any connection
+// (no sticky load balancer). A peer it cannot reach gets the client sent
+// away with Rehome, to retry shortly.
+func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Request, proto string, owned *cvrstore.OwnedError) {
+	u := strings.TrimSuffix(owned.Owner.Address, "/") + r.URL.RequestURI()
+	d := websocket.Dialer{Subprotocols: []string{proto}, HandshakeTimeout: writeTimeout,
+		ReadBufferSize: upgrader.ReadBufferSize, WriteBufferSize: upgrader.WriteBufferSize}
+	up, _, err := d.DialContext(ctx, u, http.Header{forwardedHeader: {"1"}})
+	if err != nil {
+		s.log.Info("forward to the client group's owner", "owner", owned.Owner.ID, "address", owned.Owner.Address, "err", err)
+		closeWithError(ws, loadError(owned))
+		return
+	}
+	defer up.Close()
+	s.metrics.connections.Inc()
+	defer s.metrics.connections.Dec()
+	errc := make(chan error, 2)
+	relay := func(dst, src *websocket.Conn) {
+		for {
+			mt, data, err := src.ReadMessage()
+			if err != nil {
+				code, reason := websocket.CloseNormalClosure, ""
+				var ce *websocket.CloseError
+				if errors.As(err, &ce) {
+					code, reason = ce.Code, ce.Text
+				}
+				_ = dst.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(writeTimeout))
+				errc <- err
+				return
+			}
+			_ = dst.SetWriteDeadline(time.Now().Add(writeTimeout))
+			if err := dst.WriteMessage(mt, data); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}
+	go relay(up, ws)
+	go relay(ws, up)
+	<-errc
+	// Let the close frame reach the other side, then end both relays.
+	_ = up.SetReadDeadline(time.Now().Add(closeGrace))
+	_ = ws.SetReadDeadline(time.Now().Add(closeGrace))
+	<-errc
 }

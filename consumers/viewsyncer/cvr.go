@@ -21,6 +21,12 @@ type cvr struct {
 	clientSchema   json.RawMessage
 	// userID pins the group to one user once an authenticated client joined.
 	userID string
+	// ttlClockMs is the group's TTL clock (server-model.md §6) as of its
+	// last sync; it advances only while the group has connections.
+	ttlClockMs float64
+
+	// dg is the durable store's handle on the group, nil in memory.
+	dg *durableGroup
 
 	clients map[string]*clientRecord
 	queries map[string]*queryRecord
@@ -46,22 +52,31 @@ type clientRecord struct {
 // desire is one client's wish for one query.
 type desire struct {
 	ttl time.Duration
-	// inactiveAt is zero while the client wants the query; the desired
-	// patch is then a put, else a del.
-	inactiveAt time.Time
+	// inactive is unset while the client wants the query; the desired
+	// patch is then a put, else a del. inactiveAt is when it became
+	// inactive, on the group's TTL clock (ms).
+	inactive   bool
+	inactiveAt float64
 	// cleared desires expire at once (op "clear", or a deleted client).
 	cleared      bool
 	patchVersion string
 }
 
-func (d *desire) active() bool { return d.inactiveAt.IsZero() }
+func (d *desire) active() bool { return !d.inactive }
 
-// expired reports whether the desire no longer keeps its query alive.
-func (d *desire) expired(now time.Time) bool {
-	if d.active() {
-		return false
+// expiresAt is when, on the TTL clock, an inactive desire stops keeping its
+// query alive.
+func (d *desire) expiresAt() float64 {
+	if d.cleared {
+		return d.inactiveAt
 	}
-	return d.cleared || !now.Before(d.inactiveAt.Add(d.ttl))
+	return d.inactiveAt + float64(d.ttl/time.Millisecond)
+}
+
+// expired reports whether the desire no longer keeps its query alive at
+// TTL clock reading clock.
+func (d *desire) expired(clock float64) bool {
+	return !d.active() && clock >= d.expiresAt()
 }
 
 // queryRecord is a query the group knows: desired by someone, got, or both.
@@ -80,6 +95,8 @@ type queryRecord struct {
 type rowRecord struct {
 	table string
 	id    map[string]any
+	// value is the row as last sent; nil for a row loaded from the durable
+	// store until its query hydrates again.
 	value zql.Row
 	// rowVersion is the row's _0_version as last sent.
 	rowVersion string
@@ -89,14 +106,23 @@ type rowRecord struct {
 	patchVersion string
 }
 
-// cvrStore keeps CVRs beyond a group's life in memory. The next issue puts a
-// durable implementation on JetStream behind it; flush gets the update's
+// cvrStore keeps CVRs beyond a group's life in memory: memStore in the
+// process, durableStore (durable.go) on JetStream. flush gets the update's
 // touched records, so that a durable store writes only those.
 type cvrStore interface {
+	// load returns the group's CVR, nil for a group never written. It
+	// takes the group's ownership; *cvrstore.OwnedError reports a live
+	// peer that holds it.
 	load(ctx context.Context, groupID string) (*cvr, error)
+	// flush makes the update durable; it returns before the poke that
+	// depends on it goes out.
 	flush(ctx context.Context, c *cvr, u *update) error
-	// drop forgets a CVR that can no longer be trusted.
-	drop(groupID string)
+	// unload gives up a group no longer in memory: its ownership goes
+	// back, so that a peer may serve it.
+	unload(ctx context.Context, c *cvr)
+	// drop forgets a group whose in-memory CVR can no longer be trusted;
+	// the next load starts from what was durably written.
+	drop(ctx context.Context, c *cvr)
 }
 
 // memStore keeps CVRs in memory.
@@ -120,8 +146,13 @@ func (m *memStore) flush(_ context.Context, c *cvr, _ *update) error {
 	return nil
 }
 
-func (m *memStore) drop(id string) {
+func (m *memStore) unload(context.Context, *cvr) {}
+
+// drop forgets the CVR: memStore's copy is the broken one itself.
+func (m *memStore) drop(_ context.Context, c *cvr) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.cvrs, id)
+	if m.cvrs[c.id] == c {
+		delete(m.cvrs, c.id)
+	}
 }

@@ -14,11 +14,15 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
@@ -33,12 +37,21 @@ const captureSecret = "zpeer-dev-secret-0123456789abcdef"
 // consumer keeping a SQLite file, and a view-syncer serving it over HTTP.
 type env struct {
 	t     testing.TB
+	ns    *server.Server
 	js    jetstream.JetStream
 	kv    jetstream.KeyValue
 	shard streams.Shard
 	cons  *replica.Consumer
-	srv   *Server
-	http  *httptest.Server
+	file  string
+	log   *slog.Logger
+	// srv and http are the view-syncer clients dial (the first one
+	// started, unless a test points them elsewhere).
+	srv  *Server
+	http *httptest.Server
+	sy   *syncer
+	// cvrDir holds the syncers' CVR projections, one file per syncer ID,
+	// so that a restarted syncer finds its own.
+	cvrDir string
 
 	lsn     uint64
 	wm      string
@@ -48,6 +61,23 @@ type env struct {
 type envOptions struct {
 	issues int
 	secret string
+	// durable keeps the CVRs in the JetStream CVR stream.
+	durable bool
+	// groupIdle and leaseTTL default to the server's and store's.
+	groupIdle, leaseTTL time.Duration
+}
+
+// syncer is one view-syncer over the env's replica.
+type syncer struct {
+	id    string
+	nc    *nats.Conn
+	srv   *Server
+	store *cvrstore.Store
+	http  *httptest.Server
+	// stop shuts it down as on SIGTERM; crash as on SIGKILL: its leases
+	// are left to expire. Both wait for Run to return and may be called
+	// again.
+	stop, crash func()
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -59,7 +89,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, js: js, kv: kv, shard: shard, lsn: 0x1000000}
+	e := &env{t: t, ns: ns, js: js, kv: kv, shard: shard, lsn: 0x1000000}
 	e.initialSync(o.issues)
 
 	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -71,37 +101,83 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cons = cons
-	srv, err := New(Config{ReplicaFile: file, Replica: cons, Shard: shard, AuthSecret: o.secret, Logger: logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.srv = srv
+	e.cons, e.file, e.log, e.cvrDir = cons, file, logger, t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 2)
+	done := make(chan error, 1)
 	go func() { done <- cons.Run(ctx) }()
-	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	e.use(e.startSyncer("vs-a", o))
+	e.waitWM(e.wm)
+	return e
+}
+
+// use points the env's clients at s.
+func (e *env) use(s *syncer) { e.sy, e.srv, e.http = s, s.srv, s.http }
+
+// startSyncer starts a view-syncer over the env's replica, with its own
+// NATS connection and, if o.durable, its own CVR projection file.
+func (e *env) startSyncer(id string, o envOptions) *syncer {
+	t := e.t
+	t.Helper()
+	nc, js := natstest.Connect(t, e.ns)
+	s := &syncer{id: id, nc: nc}
 	// The routes cmd/jetsync serves beside the sync endpoint.
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("OK")) })
 	mux.HandleFunc("GET /metrics", func(http.ResponseWriter, *http.Request) {})
+	s.http = httptest.NewUnstartedServer(mux)
+	cfg := Config{ReplicaFile: e.file, Replica: e.cons, Shard: e.shard, AuthSecret: o.secret, GroupIdle: o.groupIdle,
+		Logger: e.log.With("syncer", id)}
+	if o.durable {
+		store, err := cvrstore.Open(context.Background(), cvrstore.Config{
+			JS: js, Shard: e.shard, File: filepath.Join(e.cvrDir, id+"-cvr.db"), OwnerID: id,
+			Address: "ws://" + s.http.Listener.Addr().String(), LeaseTTL: o.leaseTTL, Logger: cfg.Logger,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.store, cfg.CVR = store, store
+	}
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.srv = srv
 	for _, p := range Patterns {
 		mux.Handle(p, srv.Handler())
 	}
-	e.http = httptest.NewServer(mux)
-	t.Cleanup(func() {
-		e.http.CloseClientConnections()
-		e.http.Close()
-		cancel()
-		for range 2 {
+	s.http.Start()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	var once sync.Once
+	halt := func(crash bool) {
+		once.Do(func() {
+			if crash {
+				// Without NATS, the leases can be neither renewed nor
+				// given up.
+				nc.Close()
+			}
+			s.http.CloseClientConnections()
+			s.http.Close()
+			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("Run: %v", err)
 			}
-		}
-		srv.Close()
-	})
-	e.waitWM(e.wm)
-	return e
+			srv.Close()
+			if s.store != nil {
+				s.store.Close()
+			}
+		})
+	}
+	s.stop, s.crash = func() { halt(false) }, func() { halt(true) }
+	t.Cleanup(s.stop)
+	return s
 }
 
 type testWriter struct{ t testing.TB }

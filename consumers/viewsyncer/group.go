@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"sort"
 	"sync"
@@ -48,6 +49,23 @@ type group struct {
 	// authGen counts its changes, so pipelines tell when to re-bind.
 	authData map[string]any
 	authGen  int
+	// clockAt is when the TTL clock was last advanced; zero while it is
+	// stopped (no connections).
+	clockAt time.Time
+	// cold is set for a CVR loaded from the store whose queries have no
+	// pipelines yet: it hydrates before anything is poked.
+	cold bool
+	// idleSince is when the last connection left; unloaded is set once
+	// the group left memory, so that a connection holding it retries.
+	idleSince time.Time
+	unloaded  bool
+	// leaseDone, if not nil, is closed when the store lost the group's
+	// ownership. Set before the group is published; read without mu.
+	leaseDone <-chan struct{}
+	// loaded is closed once cvr is set, or loadErr; both are set under
+	// the server's mu before.
+	loaded  chan struct{}
+	loadErr error
 }
 
 // pipeline is a got query's evaluation state: its view follows the
@@ -76,6 +94,10 @@ type pipeline struct {
 type update struct {
 	from, version string
 	query         bool
+	// reset replaces the whole CVR (a durable store writes it all); clock
+	// asks a durable store to write the TTL clock even if nothing else
+	// changed.
+	reset, clock bool
 
 	rowStart map[string]rowStart
 	rowOrder []string
@@ -88,6 +110,11 @@ type rowStart struct {
 	live    bool
 	version string
 	value   zql.Row
+	// existed, patchVersion and refs are the record as the update found
+	// it, so that a durable store writes only the records that changed.
+	existed      bool
+	patchVersion string
+	refs         map[string]int
 }
 
 func (g *group) beginConfig() *update {
@@ -118,8 +145,11 @@ func (u *update) touchRow(id string, rec *rowRecord) {
 		return
 	}
 	var st rowStart
-	if rec != nil && rec.refs != nil {
-		st = rowStart{live: true, version: rec.rowVersion, value: rec.value}
+	if rec != nil {
+		st = rowStart{existed: true, version: rec.rowVersion, patchVersion: rec.patchVersion, refs: maps.Clone(rec.refs)}
+		if rec.refs != nil {
+			st.live, st.value = true, rec.value
+		}
 	}
 	u.rowStart[id] = st
 	u.rowOrder = append(u.rowOrder, id)
@@ -136,7 +166,7 @@ func clampTTL(ms *float64) time.Duration {
 }
 
 // applyPatch applies one client's desiredQueriesPatch.
-func (g *group) applyPatch(u *update, clientID string, ops []queryPatchOp, asts map[string]*zql.AST, now time.Time) {
+func (g *group) applyPatch(u *update, clientID string, ops []queryPatchOp, asts map[string]*zql.AST, clock float64) {
 	cr := g.cvr.clients[clientID]
 	for _, op := range ops {
 		switch op.Op {
@@ -159,14 +189,14 @@ func (g *group) applyPatch(u *update, clientID string, ops []queryPatchOp, asts 
 			}
 		case "del":
 			if d := cr.desired[op.Hash]; d != nil && d.active() {
-				d.inactiveAt, d.patchVersion = now, u.v()
+				d.inactive, d.inactiveAt, d.patchVersion = true, clock, u.v()
 				u.desires = append(u.desires, [2]string{clientID, op.Hash})
 			}
 		case "clear":
 			for hash, d := range cr.desired {
 				d.cleared = true
 				if d.active() {
-					d.inactiveAt, d.patchVersion = now, u.v()
+					d.inactive, d.inactiveAt, d.patchVersion = true, clock, u.v()
 					u.desires = append(u.desires, [2]string{clientID, hash})
 				}
 			}
@@ -183,14 +213,14 @@ func ttlOf(d *desire) time.Duration {
 
 // deleteClient inactivates a client's queries with their TTLs and drops it
 // from the group (server-model.md §7).
-func (g *group) deleteClient(u *update, id string, now time.Time) {
+func (g *group) deleteClient(u *update, id string, clock float64) {
 	cr := g.cvr.clients[id]
 	if cr == nil || cr.deleted {
 		return
 	}
 	for hash, d := range cr.desired {
 		if d.active() {
-			d.inactiveAt, d.patchVersion = now, u.v()
+			d.inactive, d.inactiveAt, d.patchVersion = true, clock, u.v()
 			u.desires = append(u.desires, [2]string{id, hash})
 		}
 	}
@@ -198,47 +228,60 @@ func (g *group) deleteClient(u *update, id string, now time.Time) {
 	u.v()
 }
 
-// queryExpired reports whether no client keeps the query alive any more.
-func (g *group) queryExpired(hash string, now time.Time) bool {
+// queryExpired reports whether no client keeps the query alive any more at
+// TTL clock reading clock.
+func (g *group) queryExpired(hash string, clock float64) bool {
 	for _, cr := range g.cvr.clients {
-		if d := cr.desired[hash]; d != nil && !d.expired(now) {
+		if d := cr.desired[hash]; d != nil && !d.expired(clock) {
 			return false
 		}
 	}
 	return true
 }
 
-// nextEviction is when the earliest inactive query expires; zero if none.
-func (g *group) nextEviction(now time.Time) time.Time {
-	var next time.Time
+// nextEviction is when, on the TTL clock, the earliest inactive query
+// expires; ok is false if none will.
+func (g *group) nextEviction(clock float64) (next float64, ok bool) {
 	for hash, p := range g.pipelines {
 		if p.internal {
 			continue
 		}
-		var latest time.Time
+		latest, found := 0.0, false
 		alive := false
 		for _, cr := range g.cvr.clients {
 			d := cr.desired[hash]
-			if d == nil || d.expired(now) {
+			if d == nil || d.expired(clock) {
 				continue
 			}
 			if d.active() {
 				alive = true
 				break
 			}
-			if at := d.inactiveAt.Add(d.ttl); at.After(latest) {
-				latest = at
+			if at := d.expiresAt(); !found || at > latest {
+				latest, found = at, true
 			}
 		}
 		switch {
 		case alive:
-		case latest.IsZero():
-			return now // expired already
-		case next.IsZero() || latest.Before(next):
-			next = latest
+		case !found:
+			return clock, true // expired already
+		case !ok || latest < next:
+			next, ok = latest, true
 		}
 	}
-	return next
+	return next, ok
+}
+
+// ttlClock advances the group's TTL clock to now while it runs, and reads
+// it (server-model.md §6).
+func (g *group) ttlClock(now time.Time) float64 {
+	if !g.clockAt.IsZero() {
+		if d := now.Sub(g.clockAt); d > 0 {
+			g.cvr.ttlClockMs += float64(d) / float64(time.Millisecond)
+			g.clockAt = now
+		}
+	}
+	return g.cvr.ttlClockMs
 }
 
 // changeSet is what the replica changed between two snapshots.
@@ -274,8 +317,11 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		// The pipelines missed changes before snap.from.
 		changed = nil
 	}
+	if g.cvr.replicaVersion != "" && snap.replicaVersion != g.cvr.replicaVersion {
+		return replicaChanged(g.cvr.replicaVersion, snap.replicaVersion)
+	}
 	u := g.beginQuery(snap.version)
-	now := time.Now()
+	now := g.ttlClock(time.Now())
 
 	hashes := make([]string, 0, len(g.pipelines))
 	for h := range g.pipelines {
@@ -324,16 +370,23 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 			add = append(add, lmidsQuery)
 		}
 	}
+	// A CVR loaded from the store holds rows of got queries that have no
+	// pipeline yet: a new pipeline starts from them, so that hydrating it
+	// tombstones only what left, and resends only what changed.
+	held := g.heldRows()
 	for _, h := range add {
 		q := g.cvr.queries[h]
-		p := &pipeline{hash: h, internal: q.internal, rows: map[string]struct{}{}}
+		p := &pipeline{hash: h, internal: q.internal, rows: held[h]}
+		if p.rows == nil {
+			p.rows = map[string]struct{}{}
+		}
 		if _, err := g.prepare(p, snap); err != nil {
 			// Checked on arrival; only a schema change gets here.
 			g.log.Warn("query does not compile", "query", h, "err", err)
 			continue
 		}
 		g.pipelines[h] = p
-		if !q.internal {
+		if !q.internal && !q.got {
 			q.got, q.everGot, q.patchVersion = true, true, u.v()
 			u.queries = append(u.queries, h)
 		}
@@ -341,11 +394,53 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 			return err
 		}
 	}
+	// Got queries left without a pipeline (expired while unloaded, or no
+	// longer compiling) leave the got set with their rows.
+	for _, h := range sortedKeys(held) {
+		if _, ok := g.pipelines[h]; !ok {
+			g.removePipeline(u, &pipeline{hash: h, rows: held[h]})
+		}
+	}
+	g.cold = false
 	g.finishRows(u, changed == nil)
 	if g.cvr.replicaVersion == "" {
 		g.cvr.replicaVersion = snap.replicaVersion
 	}
 	return g.flush(ctx, u)
+}
+
+// heldRows indexes, by query, the rows that got queries without a pipeline
+// hold in the CVR; nil when every got query has one.
+func (g *group) heldRows() map[string]map[string]struct{} {
+	need := false
+	for h, q := range g.cvr.queries {
+		if _, ok := g.pipelines[h]; !ok && (q.got || q.internal) {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return nil
+	}
+	held := map[string]map[string]struct{}{}
+	for id, rec := range g.cvr.rows {
+		for h := range rec.refs {
+			if _, ok := g.pipelines[h]; ok {
+				continue
+			}
+			if held[h] == nil {
+				held[h] = map[string]struct{}{}
+			}
+			held[h][id] = struct{}{}
+		}
+	}
+	return held
+}
+
+// replicaChanged is the error for a CVR built from another replica
+// (sync-protocol.md §6.4): its rows cannot be caught up from this one.
+func replicaChanged(cvrVersion, dbVersion string) *protocolError {
+	return newProtocolError(kindClientNotFound, "Cannot sync from older replica: CVR=%s, DB=%s", cvrVersion, dbVersion)
 }
 
 func (g *group) astOf(hash string) *zql.AST {
@@ -521,7 +616,7 @@ func (g *group) finishRows(u *update, compareValues bool) {
 		st, rec := u.rowStart[id], g.cvr.rows[id]
 		live := len(rec.refs) > 0
 		switch {
-		case live && (!st.live || rec.rowVersion != st.version || compareValues && !reflect.DeepEqual(rec.value, st.value)):
+		case live && (!st.live || rec.rowVersion != st.version || compareValues && st.value != nil && !reflect.DeepEqual(rec.value, st.value)):
 			rec.patchVersion = u.v()
 			u.rows = append(u.rows, id)
 		case !live && st.live:
@@ -535,14 +630,29 @@ func (g *group) finishRows(u *update, compareValues bool) {
 	}
 }
 
-// flush commits u and pokes the clients.
+// flush commits u, then pokes the clients: a poke never carries a cookie
+// the store cannot reproduce. A failed flush breaks the group; its clients
+// are told to reconnect (Rehome), and find what was durably written.
 func (g *group) flush(ctx context.Context, u *update) error {
 	g.cvr.version = u.version
+	g.ttlClock(time.Now())
 	if err := g.s.store.flush(ctx, g.cvr, u); err != nil {
-		return fmt.Errorf("flush cvr: %w", err)
+		g.broken = true
+		g.log.Warn("flush cvr", "version", u.version, "err", err)
+		return newProtocolError(kindRehome, "Reconnect required")
 	}
 	g.poke(u)
 	return nil
+}
+
+// reset replaces the group's CVR by an empty one, durably.
+func (g *group) reset(ctx context.Context) error {
+	dg := g.cvr.dg
+	*g.cvr = *newCVR(g.id)
+	g.cvr.dg = dg
+	g.pipelines = map[string]*pipeline{}
+	g.cold = false
+	return g.flush(ctx, &update{reset: true})
 }
 
 // poke sends each ready connection one poke to the CVR's version: the
@@ -696,15 +806,29 @@ func rowID(table string, pk []string, r zql.Row) (string, map[string]any, error)
 		}
 	}
 	key := make(map[string]any, len(pk))
-	vals := make([]any, len(pk))
-	for i, c := range pk {
-		key[c], vals[i] = r[c], r[c]
+	for _, c := range pk {
+		key[c] = r[c]
 	}
-	b, err := json.Marshal(vals)
+	id, err := keyID(table, key)
+	return id, key, err
+}
+
+// keyID is the identity of the row of table with primary key key: the
+// same whether key came from the replica or from the durable store, whose
+// keys are JSON objects (numbers as json.Number keep their literal).
+func keyID(table string, key map[string]any) (string, error) {
+	if len(key) == 1 {
+		for _, v := range key {
+			if s, ok := v.(string); ok {
+				return table + "\x00\"" + s, nil
+			}
+		}
+	}
+	b, err := json.Marshal(key) // sorted keys: independent of column order
 	if err != nil {
-		return "", nil, fmt.Errorf("row key of %s: %w", table, err)
+		return "", fmt.Errorf("row key of %s: %w", table, err)
 	}
-	return table + "\x00" + string(b), key, nil
+	return table + "\x00" + string(b), nil
 }
 
 func intersects(a, b map[string]bool) bool {

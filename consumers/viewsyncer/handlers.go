@@ -15,6 +15,9 @@ import (
 func (g *group) attach(c *conn, authenticated bool, authData map[string]any) *protocolError {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.unloaded {
+		return errUnloaded
+	}
 	if g.cvr.userID != "" && c.userID != g.cvr.userID {
 		return authError(kindUnauthorized, "Client groups are pinned to a single userID. Client group "+g.id+
 			" is pinned to userID "+g.cvr.userID+", but this connection is for userID "+c.userID+".")
@@ -26,10 +29,18 @@ func (g *group) attach(c *conn, authenticated bool, authData map[string]any) *pr
 		old.ready = false
 		old.closeQuietly()
 	}
+	if len(g.conns) == 0 && g.clockAt.IsZero() {
+		// The TTL clock runs while the group has connections.
+		g.clockAt = time.Now()
+	}
 	g.conns[c.clientID] = c
 	g.setAuth(authData)
 	return nil
 }
+
+// errUnloaded tells a connection that the group it found left memory
+// before it attached: it looks the group up again.
+var errUnloaded = newProtocolError(kindRehome, "Reconnect required")
 
 // setAuth makes authData the claims the group's legacy queries are bound
 // to. All connections of a group are pinned to one user, so the newest
@@ -69,6 +80,11 @@ func (g *group) detach(c *conn) {
 	if g.conns[c.clientID] == c {
 		delete(g.conns, c.clientID)
 	}
+	if len(g.conns) == 0 {
+		now := time.Now()
+		g.ttlClock(now)
+		g.clockAt, g.idleSince = time.Time{}, now
+	}
 }
 
 // current reports whether c is still its client's connection.
@@ -84,6 +100,24 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	}
 	if c.ready {
 		return newProtocolError(kindInvalidMessage, "initConnection already received")
+	}
+	snap, err := g.openSnapshotAt(ctx, stateOf(g.cvr.version))
+	if err != nil {
+		return err
+	}
+	if snap != nil {
+		defer snap.close()
+		if rv := g.cvr.replicaVersion; rv != "" && snap.replicaVersion != rv {
+			// Rows from another replica cannot be caught up from this one:
+			// the group starts over.
+			g.log.Info("resetting a cvr built from another replica", "cvr_replica", rv, "replica", snap.replicaVersion)
+			if err := g.reset(ctx); err != nil {
+				return err
+			}
+			if c.hasBase {
+				return replicaChanged(rv, snap.replicaVersion)
+			}
+		}
 	}
 	if v := g.cvr.version; c.hasBase {
 		switch {
@@ -102,12 +136,7 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	case len(schemaRaw) == 0:
 		schemaRaw = g.cvr.clientSchema
 	}
-	snap, err := g.s.openSnapshot(ctx)
-	if err != nil {
-		return err
-	}
 	if snap != nil {
-		defer snap.close()
 		if err := checkClientSchema(schemaRaw, snap.schema); err != nil {
 			return err
 		}
@@ -119,7 +148,7 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	if err := g.catchUpTo(ctx, snap); err != nil {
 		return err
 	}
-	now := time.Now()
+	now := g.ttlClock(time.Now())
 	u := g.beginConfig()
 	if g.cvr.clientSchema == nil {
 		g.cvr.clientSchema = schemaRaw
@@ -158,7 +187,7 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 // as zero-cache's view-syncer keeps advancing while loaded: a returning
 // client's catch-up then carries the config and row changes in one poke.
 func (g *group) catchUpTo(ctx context.Context, snap *snapshot) error {
-	if snap == nil || g.cvr.version == "" || snap.version <= stateOf(g.cvr.version) {
+	if snap == nil || g.cvr.version == "" || !g.cold && snap.version <= stateOf(g.cvr.version) {
 		return nil
 	}
 	return g.syncAt(ctx, snap)
@@ -207,7 +236,7 @@ func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPa
 		return err
 	}
 	u := g.beginConfig()
-	g.applyPatch(u, c.clientID, ops, asts, time.Now())
+	g.applyPatch(u, c.clientID, ops, asts, g.ttlClock(time.Now()))
 	return g.finishConfig(ctx, u, snap)
 }
 
@@ -228,7 +257,7 @@ func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error 
 		return err
 	}
 	u := g.beginConfig()
-	now := time.Now()
+	now := g.ttlClock(time.Now())
 	for _, id := range ids {
 		if id != c.clientID {
 			g.deleteClient(u, id, now)
@@ -285,4 +314,36 @@ func sameJSON(a, b json.RawMessage) bool {
 		return false
 	}
 	return reflect.DeepEqual(x, y)
+}
+
+// How long, and how often, a connection waits for this replica to reach
+// the state its group's CVR was written at (zero-cache: 10 × 500 ms).
+const (
+	replicaWait = 5 * time.Second
+	replicaPoll = 50 * time.Millisecond
+)
+
+// openSnapshotAt opens a replica snapshot at state version min or later: a
+// CVR written by a view-syncer whose replica was ahead of this one's must
+// not be served older rows (server-model.md §5.3). A snapshot of another
+// replica is returned at once, for the caller to reset the group.
+func (g *group) openSnapshotAt(ctx context.Context, min string) (*snapshot, error) {
+	deadline := time.Now().Add(replicaWait)
+	t := time.NewTicker(replicaPoll)
+	defer t.Stop()
+	for {
+		snap, err := g.s.openSnapshot(ctx)
+		if err != nil || snap == nil || snap.version >= min || snap.replicaVersion != g.cvr.replicaVersion {
+			return snap, err
+		}
+		snap.close()
+		if time.Now().After(deadline) {
+			return nil, newProtocolError(kindRehome, "Reconnect required")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }

@@ -37,6 +37,9 @@ type protocolError struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
 	Origin  string `json:"origin"`
+	// MaxBackoffMs caps a backoff kind's reconnect delay (sync-protocol.md
+	// §9.4); 0 means at once.
+	MaxBackoffMs *int `json:"maxBackoffMs,omitempty"`
 
 	closeCode int
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite" // the replica's driver
 
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/zql"
 	projreplica "github.com/jetsync/jetsync/projections/replica"
@@ -42,6 +43,10 @@ const (
 	DefaultMaxQueueBytes = 64 << 20
 	// DefaultReadConns is the size of the replica read pool.
 	DefaultReadConns = 8
+	// DefaultGroupIdle is how long a client group without connections
+	// stays in memory. zero-cache keeps an idle view-syncer for 5 s; a
+	// longer stay spares a reloading tab the re-hydration.
+	DefaultGroupIdle = 30 * time.Second
 )
 
 // evictInterval is how often Run looks for queries whose TTL ran out.
@@ -72,6 +77,13 @@ type Config struct {
 	MaxPayloadBytes int64
 	// MaxQueueBytes defaults to DefaultMaxQueueBytes.
 	MaxQueueBytes int
+	// CVR, if set, keeps the client groups' CVRs durable on JetStream and
+	// gives each group one owner among the view-syncers sharing it; Run
+	// renews the leases. Nil keeps CVRs in this process's memory.
+	CVR *cvrstore.Store
+	// GroupIdle is how long a group without connections keeps its
+	// pipelines and lease; DefaultGroupIdle when 0.
+	GroupIdle time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, gets the server's metrics.
@@ -84,6 +96,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxQueueBytes == 0 {
 		c.MaxQueueBytes = DefaultMaxQueueBytes
+	}
+	if c.GroupIdle == 0 {
+		c.GroupIdle = DefaultGroupIdle
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -104,6 +119,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPayloadBytes < 1 || c.MaxQueueBytes < 1 {
 		return errors.New("max payload and queue bytes must be positive")
+	}
+	if c.GroupIdle < 0 {
+		return errors.New("group idle time must not be negative")
 	}
 	return c.validateAuth()
 }
@@ -144,11 +162,16 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open replica: %w", err)
 	}
 	db.SetMaxOpenConns(DefaultReadConns)
+	log := cfg.Logger.With("component", "view-syncer")
+	var store cvrStore = newMemStore()
+	if cfg.CVR != nil {
+		store = &durableStore{s: cfg.CVR, log: log}
+	}
 	return &Server{
 		cfg:          cfg,
-		log:          cfg.Logger.With("component", "view-syncer"),
+		log:          log,
 		db:           db,
-		store:        newMemStore(),
+		store:        store,
 		auth:         auth,
 		metrics:      m,
 		clientsTable: projreplica.TableName(cfg.Shard.ID(), "clients"),
@@ -169,22 +192,29 @@ var Patterns = []string{"/sync/{version}/{action}", "/{base}/sync/{version}/{act
 // [/<base>]/sync/v<N>/<action> get 404.
 func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
-// Run follows the replica and advances every client group, and evicts
-// queries whose TTL ran out, until ctx ends. It then closes every
-// connection, which reconnect elsewhere or later.
+// Run follows the replica and advances every client group, evicts
+// queries whose TTL ran out, unloads idle groups and renews the durable
+// store's leases, until ctx ends. It then closes every connection, which
+// reconnect elsewhere or later, and gives the groups' leases up.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.closeAll()
 	sub := s.cfg.Replica.Subscribe()
 	defer sub.Close()
-	errc := make(chan error, 1)
 	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
-	go func() { errc <- s.evictLoop(ctx) }()
+	wg.Go(func() { s.evictLoop(ctx) })
+	if s.cfg.CVR != nil {
+		wg.Go(func() {
+			if err := s.cfg.CVR.Run(ctx); err != nil {
+				s.log.Error("cvr leases", "err", err)
+			}
+		})
+	}
 	for {
 		u, err := sub.Next(ctx)
 		if err != nil {
-			cancel()
-			<-errc
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -192,8 +222,6 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		if err := s.advance(ctx, sub, u); err != nil {
 			if ctx.Err() != nil {
-				cancel()
-				<-errc
 				return nil
 			}
 			s.log.Error("advance", "err", err)
@@ -283,15 +311,28 @@ func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *cha
 // connections for the clients' own hydrations.
 const maxAdvanceWorkers = DefaultReadConns / 2
 
-func (s *Server) evictLoop(ctx context.Context) error {
+// evictLoop evicts expired queries, stops serving groups whose lease was
+// lost and unloads idle groups, until ctx ends.
+func (s *Server) evictLoop(ctx context.Context) {
 	t := time.NewTicker(evictInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case now := <-t.C:
 			for _, g := range s.groupList() {
+				select {
+				case <-g.leaseDone:
+					s.leaseLost(g)
+					continue
+				default:
+				}
+				if g.unloadIfIdle(ctx, now) {
+					s.removeGroup(g)
+					s.store.unload(ctx, g.cvr)
+					continue
+				}
 				if err := g.evict(ctx, now); err != nil && ctx.Err() == nil {
 					g.log.Error("evict", "err", err)
 				}
@@ -300,47 +341,109 @@ func (s *Server) evictLoop(ctx context.Context) error {
 	}
 }
 
+// groupList lists the loaded groups.
 func (s *Server) groupList() []*group {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]*group, 0, len(s.groups))
 	for _, g := range s.groups {
-		out = append(out, g)
+		if g.cvr != nil {
+			out = append(out, g)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
 	return out
 }
 
+// closeAll closes every connection and unloads every group, giving its
+// lease up so that a peer can serve it at once (zero-cache's drain: a
+// plain close, and the clients reconnect).
 func (s *Server) closeAll() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	for _, g := range s.groupList() {
 		g.mu.Lock()
 		for _, c := range g.conns {
+			c.ready = false
 			c.closeQuietly()
 		}
+		unload := !g.unloaded
+		if unload {
+			g.persistClock(ctx)
+			g.unloaded = true
+		}
 		g.mu.Unlock()
+		s.removeGroup(g)
+		if unload {
+			s.store.unload(ctx, g.cvr)
+		}
 	}
 }
 
-// group returns the client group id, loading or creating it.
-func (s *Server) group(ctx context.Context, id string) (*group, error) {
+func (s *Server) removeGroup(g *group) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if g := s.groups[id]; g != nil {
-		return g, nil
+	if s.groups[g.id] == g {
+		delete(s.groups, g.id)
 	}
-	c, err := s.store.load(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("load cvr %s: %w", id, err)
+}
+
+// group returns the client group id, loading it, or creating it, once:
+// concurrent connections of a group wait for the first one's load.
+func (s *Server) group(ctx context.Context, id string) (*group, error) {
+	s.mu.Lock()
+	g := s.groups[id]
+	if g == nil {
+		g = &group{
+			s: s, id: id, log: s.log.With("client_group", id),
+			pipelines: map[string]*pipeline{}, conns: map[string]*conn{},
+			loaded: make(chan struct{}),
+		}
+		s.groups[id] = g
+		s.mu.Unlock()
+		c, err := s.store.load(ctx, id)
+		if c == nil && err == nil {
+			c = newCVR(id)
+		}
+		s.mu.Lock()
+		if err != nil {
+			g.loadErr = err
+			delete(s.groups, id)
+		} else {
+			g.cvr, g.cold, g.idleSince = c, c.version != "", time.Now()
+			if c.dg != nil {
+				g.leaseDone = c.dg.lease.Done()
+			}
+		}
+		close(g.loaded)
 	}
-	if c == nil {
-		c = newCVR(id)
+	s.mu.Unlock()
+	select {
+	case <-g.loaded:
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	g := &group{
-		s: s, id: id, log: s.log.With("client_group", id), cvr: c,
-		pipelines: map[string]*pipeline{}, conns: map[string]*conn{},
+	if g.loadErr != nil {
+		return nil, fmt.Errorf("load cvr %s: %w", id, g.loadErr)
 	}
-	s.groups[id] = g
 	return g, nil
+}
+
+// leaseLost stops serving a group whose ownership moved: its clients are
+// sent to reconnect at once, as zero-cache's OwnershipError does.
+func (s *Server) leaseLost(g *group) {
+	g.mu.Lock()
+	if !g.unloaded {
+		g.unloaded = true
+		g.log.Info("cvr lease lost; closing the group's connections", "err", g.cvr.dg.lease.Err())
+		perr := ownershipError(s.ownerOf(g.id), time.Now())
+		for _, c := range g.conns {
+			c.ready = false
+			c.fail(perr)
+		}
+	}
+	g.mu.Unlock()
+	s.removeGroup(g)
 }
 
 // snapshot is one consistent read of the replica.
@@ -452,7 +555,7 @@ func (s *Server) lmidsAST(groupID string, sch *schema) *zql.AST {
 func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.hasReady() || snap.version <= stateOf(g.cvr.version) {
+	if !g.hasReady() || g.unloaded || snap.version <= stateOf(g.cvr.version) {
 		return nil
 	}
 	err := g.sync(ctx, snap, changed)
@@ -464,9 +567,10 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 // sent away with Rehome; when they return, the group is unknown and they
 // start over (ClientNotFound), as after a lost CVR.
 func (g *group) dropIfBroken() {
-	if !g.broken {
+	if !g.broken || g.unloaded {
 		return
 	}
+	g.unloaded = true
 	g.s.dropGroup(g)
 	for _, c := range g.conns {
 		c.ready = false
@@ -480,18 +584,21 @@ func (s *Server) dropGroup(g *group) {
 	if s.groups[g.id] == g {
 		delete(s.groups, g.id)
 	}
-	s.store.drop(g.id)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.store.drop(ctx, g.cvr)
 }
 
 // evict removes the queries whose TTL ran out.
 func (g *group) evict(ctx context.Context, now time.Time) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.hasReady() {
+	if !g.hasReady() || g.unloaded {
 		return nil
 	}
-	next := g.nextEviction(now)
-	if next.IsZero() || next.After(now) {
+	clock := g.ttlClock(now)
+	next, ok := g.nextEviction(clock)
+	if !ok || next > clock {
 		return nil
 	}
 	snap, err := g.s.openSnapshot(ctx)
@@ -519,3 +626,60 @@ func (g *group) hasReady() bool {
 	}
 	return false
 }
+
+// unloadIfIdle marks the group unloaded once it has had no connection for
+// GroupIdle, persisting its stopped TTL clock; the caller then removes it
+// and gives its lease up. Its pipelines go with it: a returning client
+// re-hydrates them from the durable CVR.
+func (g *group) unloadIfIdle(ctx context.Context, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.unloaded || len(g.conns) > 0 || now.Sub(g.idleSince) < g.s.cfg.GroupIdle {
+		return false
+	}
+	g.persistClock(ctx)
+	g.unloaded = true
+	g.pipelines = nil
+	g.log.Debug("unloaded idle client group")
+	return true
+}
+
+// persistClock writes the TTL clock, which only a durable store keeps, and
+// only for a group that has a version.
+func (g *group) persistClock(ctx context.Context) {
+	if g.broken || g.cvr.dg == nil || g.cvr.version == "" {
+		return
+	}
+	u := g.beginConfig()
+	u.clock = true
+	if err := g.s.store.flush(ctx, g.cvr, u); err != nil {
+		g.log.Warn("persist the ttl clock", "err", err)
+	}
+}
+
+// ownerOf reads who owns a group now, for the Rehome message.
+func (s *Server) ownerOf(id string) streams.CVROwner {
+	if s.cfg.CVR == nil {
+		return streams.CVROwner{}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	o, _ := s.cfg.CVR.Owner(ctx, id)
+	return o
+}
+
+// ownershipError is zero-cache's OwnershipError: Rehome, reconnect at once.
+func ownershipError(o streams.CVROwner, lastConnect time.Time) *protocolError {
+	owner := o.ID
+	if owner == "" {
+		owner = "null"
+	}
+	perr := newProtocolError(kindRehome, "CVR ownership was transferred to %s at %s (last connect time: %s)",
+		owner, isoTime(time.UnixMilli(o.GrantedMs)), isoTime(lastConnect))
+	zero := 0
+	perr.MaxBackoffMs = &zero
+	return perr
+}
+
+// isoTime formats t as JavaScript's Date.toISOString does.
+func isoTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }

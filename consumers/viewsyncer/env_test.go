@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,8 @@ type env struct {
 	lsn     uint64
 	wm      string
 	version string
+	// specs holds the tables' specs once a transcript's DDL changed one.
+	specs map[string]streams.TableSpec
 }
 
 type envOptions struct {
@@ -370,10 +373,40 @@ func (e *env) tx(schema, table string, cs ...streams.Change) {
 
 // SQL the transcripts' notes run upstream, in the few forms they use.
 var (
-	insertRe = regexp.MustCompile(`^INSERT INTO "?(\w+)"? \(([^)]*)\) VALUES \((.*)\)$`)
-	updateRe = regexp.MustCompile(`^UPDATE "?(\w+)"? SET (.*) WHERE id = '([^']*)'$`)
-	deleteRe = regexp.MustCompile(`^DELETE FROM "?(\w+)"? WHERE id = '([^']*)'$`)
+	insertRe  = regexp.MustCompile(`^INSERT INTO "?(\w+)"? \(([^)]*)\) VALUES \((.*)\)$`)
+	updateRe  = regexp.MustCompile(`^UPDATE "?(\w+)"? SET (.*) WHERE id = '([^']*)'$`)
+	deleteRe  = regexp.MustCompile(`^DELETE FROM "?(\w+)"? WHERE id = '([^']*)'$`)
+	addColRe  = regexp.MustCompile(`^ALTER TABLE "?(\w+)"? ADD COLUMN "?(\w+)"? (integer|text|boolean)( NOT NULL)?(?: DEFAULT (.+))?$`)
+	dropColRe = regexp.MustCompile(`^ALTER TABLE "?(\w+)"? DROP COLUMN "?(\w+)"?$`)
 )
+
+// pgColumnTypes maps the column types the transcripts' DDL uses to what the
+// producer reports for them.
+var pgColumnTypes = map[string]struct {
+	dataType string
+	kind     streams.Kind
+}{
+	"integer": {"int4", streams.KindNumber},
+	"text":    {"text", streams.KindString},
+	"boolean": {"bool", streams.KindBoolean},
+}
+
+// tableSpec returns the public table's spec as the env last published it.
+func (e *env) tableSpec(name string) streams.TableSpec {
+	e.t.Helper()
+	if e.specs == nil {
+		e.specs = map[string]streams.TableSpec{}
+		for _, s := range benchTables {
+			e.specs[s.Schema+"."+s.Name] = s
+		}
+	}
+	s, ok := e.specs["public."+name]
+	if !ok {
+		e.t.Fatalf("no table %s", name)
+	}
+	s.Columns = slices.Clone(s.Columns)
+	return s
+}
 
 // execSQL applies a note's SQL as one upstream transaction.
 func (e *env) execSQL(sql string) {
@@ -409,6 +442,25 @@ func (e *env) execSQL(sql string) {
 			m := deleteRe.FindStringSubmatch(st)
 			table = m[1]
 			cs = append(cs, streams.Change{Op: streams.OpDelete, Old: streams.Row{"id": raw(m[2])}})
+		case addColRe.MatchString(st):
+			m := addColRe.FindStringSubmatch(st)
+			table = m[1]
+			spec := e.tableSpec(table)
+			typ := pgColumnTypes[m[3]]
+			spec.Columns = append(spec.Columns, col(m[2], spec.Columns[len(spec.Columns)-1].Pos+1, typ.dataType, typ.kind, m[4] != ""))
+			c := streams.Change{Op: streams.OpAddColumn, Spec: &spec, Columns: []string{m[2]}}
+			if m[5] != "" {
+				c.New = streams.Row{m[2]: sqlValue(e.t, m[5])}
+			}
+			e.specs["public."+table] = spec
+			cs = append(cs, c)
+		case dropColRe.MatchString(st):
+			m := dropColRe.FindStringSubmatch(st)
+			table = m[1]
+			spec := e.tableSpec(table)
+			spec.Columns = slices.DeleteFunc(spec.Columns, func(c streams.ColumnSpec) bool { return c.Name == m[2] })
+			e.specs["public."+table] = spec
+			cs = append(cs, streams.Change{Op: streams.OpDropColumn, Spec: &spec, Columns: []string{m[2]}})
 		default:
 			e.t.Fatalf("unsupported SQL in transcript: %s", st)
 		}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -507,16 +508,11 @@ func (d *decoder) backfill(ctx context.Context, bt *ddlTable, emit func(event) e
 	if d.conn == nil {
 		return errors.New("backfill without a connection")
 	}
-	tx, err := d.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := d.backfillSnapshot(ctx, bt)
 	if err != nil {
-		return fmt.Errorf("backfill %s.%s: %w", t.spec.Schema, t.spec.Name, err)
+		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if reason, err := backfillStale(ctx, tx, bt); err != nil {
-		return fmt.Errorf("backfill %s.%s: %w", t.spec.Schema, t.spec.Name, err)
-	} else if reason != "" {
-		return &ResyncError{fmt.Sprintf("cannot backfill %s.%s: %s", t.spec.Schema, t.spec.Name, reason)}
-	}
 	ref := d.table(t.spec.Schema, t.spec.Name)
 	cols := make([]string, len(t.spec.Columns))
 	colSize := 0
@@ -548,6 +544,42 @@ func (d *decoder) backfill(ctx context.Context, bt *ddlTable, emit func(event) e
 	}
 	d.log.Info("backfilled", "table", t.spec.Schema+"."+t.spec.Name, "rows", w.total)
 	return nil
+}
+
+// backfillSnapshotWait bounds how long backfillSnapshot waits for the
+// schema change to become visible.
+const backfillSnapshotWait = 5 * time.Second
+
+// backfillSnapshot opens the snapshot a backfill copies from. Logical
+// decoding can hand over a commit before new snapshots see it (the commit
+// is in the WAL before the transaction leaves the proc array), so a
+// snapshot that still shows the old schema is retried for a while; only a
+// table that stays different is stale for good.
+func (d *decoder) backfillSnapshot(ctx context.Context, bt *ddlTable) (pgx.Tx, error) {
+	t := bt.t
+	deadline := time.Now().Add(backfillSnapshotWait)
+	for wait := 2 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		tx, err := d.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return nil, fmt.Errorf("backfill %s.%s: %w", t.spec.Schema, t.spec.Name, err)
+		}
+		reason, err := backfillStale(ctx, tx, bt)
+		if err == nil && reason == "" {
+			return tx, nil
+		}
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("backfill %s.%s: %w", t.spec.Schema, t.spec.Name, err)
+		}
+		if time.Now().After(deadline) {
+			return nil, &ResyncError{fmt.Sprintf("cannot backfill %s.%s: %s", t.spec.Schema, t.spec.Name, reason)}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }
 
 // backfillStale says why t, as the schema change left it, is no longer

@@ -85,6 +85,10 @@ type decoder struct {
 	resumePartial bool
 	wm            string // of the transaction being decoded
 	skipping      bool   // it is in the stream already
+
+	// initial is set in degraded mode: Relation messages are checked
+	// against it.
+	initial *initialSchema
 }
 
 func newDecoder(shard streams.Shard, reg *pgvalue.Registry, conn *pgx.Conn, log *slog.Logger) *decoder {
@@ -226,6 +230,15 @@ func (d *decoder) relation(ctx context.Context, m *pglogrepl.RelationMessage) er
 	r := &relation{ref: d.table(m.Namespace, m.RelationName), cols: make([]relColumn, len(m.Columns))}
 	for i, c := range m.Columns {
 		r.cols[i] = relColumn{name: c.Name, typ: lookupType(d.reg, c.DataType, ""), key: c.Flags&1 != 0}
+	}
+	if d.initial != nil {
+		types := make([]pgvalue.Type, len(r.cols))
+		for i := range r.cols {
+			types[i] = r.cols[i].typ
+		}
+		if err := d.initial.checkRelation(ctx, m, types); err != nil {
+			return err
+		}
 	}
 	d.rels[m.RelationID] = r
 	return nil

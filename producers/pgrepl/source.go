@@ -152,6 +152,9 @@ type position struct {
 	// stream, and so are parts 0..resumePart of resumeWM.
 	resumeWM   string
 	resumePart int
+	// initial, in degraded mode, is the schema the replica version was
+	// built from.
+	initial *initialSchema
 }
 
 const allParts = math.MaxInt
@@ -176,7 +179,8 @@ func (s *Source) session(ctx context.Context, rs *runState) error {
 		return err
 	}
 	if !up.ddlDetection {
-		s.log.Warn("no privilege to create event triggers: schema changes will not be detected")
+		s.log.Warn("no privilege to create event triggers: proceeding in degraded mode, where any schema change " +
+			"to a published table forces a new initial sync")
 	}
 	rec, err := readUpstream(ctx, kv)
 	if err != nil {
@@ -223,6 +227,19 @@ func (s *Source) session(ctx context.Context, rs *runState) error {
 		lsn, _ := streams.ParseLexi(tl.wm)
 		pos.startLSN = pglogrepl.LSN(lsn)
 		pub.replicaVersion = rec.ReplicaVersion
+	}
+	if !up.ddlDetection {
+		if reason != "" {
+			// The reset rewrote the record: the new initial sync starts
+			// at its ResetSeq.
+			if rec, err = readUpstream(ctx, kv); err != nil {
+				return err
+			}
+		}
+		if rec == nil || rec.ReplicaVersion != pos.replicaVersion {
+			return fmt.Errorf("upstream record does not describe replica version %s", pos.replicaVersion)
+		}
+		pos.initial = newInitialSchema(stream, s.cfg.Shard, rec.ResetSeq, pos.replicaVersion)
 	}
 	s.m.lastSeq.Set(float64(pub.lastSeq))
 	return s.stream(ctx, conn, replConn, up, pos, pub, rs)

@@ -45,13 +45,17 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	g, rctx := errgroup.WithContext(rctx)
 	dec := newDecoder(s.cfg.Shard, s.reg, conn, log)
 	dec.resumeWM, dec.resumePartial = pos.resumeWM, pos.partial()
+	dec.initial = pos.initial
 	g.Go(func() error {
 		defer close(events)
 		return s.read(rctx, replConn, dec, events, st)
 	})
 	err = s.publishLoop(rctx, events, pub, st, pos, rs)
 	cancel()
-	if rerr := g.Wait(); errors.Is(err, errReaderDone) || err == nil {
+	// A reader that fails cancels rctx, and the publisher may see that
+	// before the closed queue: the reader's error is the one that counts.
+	readerFailed := errors.Is(err, context.Canceled) && ctx.Err() == nil
+	if rerr := g.Wait(); errors.Is(err, errReaderDone) || err == nil || readerFailed && rerr != nil {
 		err = rerr
 	}
 	return err

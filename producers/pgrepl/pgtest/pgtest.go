@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -161,3 +162,49 @@ func NewDB(t testing.TB, c *pglocal.Cluster) string {
 	})
 	return c.URL(name)
 }
+
+// NewRole creates a role like those of hosted Postgres services: LOGIN and
+// REPLICATION but no superuser, so it cannot create event triggers. It may
+// create schemas and publications in dbURL's database, and it owns every
+// table in schema public. NewRole returns dbURL with the role as its user.
+//
+// Roles are cluster-wide: each is named after its database, and lives as
+// long as the cluster.
+func NewRole(t testing.TB, dbURL string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	role := "r_" + cfg.Database
+	if len(role) > 63 {
+		role = role[:63]
+	}
+	id := pgx.Identifier{role}.Sanitize()
+	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN REPLICATION;
+		GRANT CREATE ON DATABASE %[2]s TO %[1]s;
+		DO $$ DECLARE r record; BEGIN
+			FOR r IN SELECT c.oid::regclass AS t FROM pg_class c
+				WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p') LOOP
+				EXECUTE format('ALTER TABLE %%s OWNER TO %%I', r.t, %[3]s);
+			END LOOP;
+		END $$`, id, pgx.Identifier{cfg.Database}.Sanitize(), quoteLiteral(role)))
+	if err != nil {
+		t.Fatalf("pgtest: create role %s: %v", role, err)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	u.User = url.User(role)
+	return u.String()
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

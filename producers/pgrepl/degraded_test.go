@@ -1,0 +1,185 @@
+package pgrepl_test
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// TestDegraded_Source runs the producer as a role that cannot create event
+// triggers (replication.md §8.4): sessions without schema changes resume,
+// and a schema change forces a new initial sync that carries it.
+func TestDegraded_Source(t *testing.T) {
+	outer := t // a Source started in a subtest outlives it
+	e := newEnv(t, `CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY);
+		INSERT INTO a SELECT g, 'seed' FROM generate_series(1, 10) g;
+		-- FOR TABLES IN SCHEMA needs a superuser: an administrator creates it.
+		CREATE PUBLICATION _zero_public_0 FOR TABLES IN SCHEMA public`)
+	e.url = pgtest.NewRole(t, e.url)
+	stop := e.run(t)
+	u1 := e.waitSynced(t, "")
+	var ddlDetection bool
+	if err := e.conn.QueryRow(context.Background(), `SELECT "ddlDetection" FROM zero_0."shardConfig"`).Scan(&ddlDetection); err != nil {
+		t.Fatal(err)
+	}
+	if ddlDetection {
+		t.Fatal("ddlDetection = true for a role that cannot create event triggers")
+	}
+	e.exec(t, `INSERT INTO a VALUES (11, 'x'); INSERT INTO b VALUES (1)`)
+	e.waitTxs(t, 2)
+
+	t.Run("RestartWithoutSchemaChange", func(t *testing.T) {
+		stop()
+		stop = e.run(outer)
+		// Every table's first change in a session brings a Relation
+		// message, identical to the initial schema.
+		e.exec(t, `INSERT INTO a VALUES (12, 'y'); INSERT INTO b VALUES (2)`)
+		txs := e.waitTxs(t, 3)
+		if ids := inserted(txs, "a"); !slices.Equal(ids, []int{11, 12}) {
+			t.Errorf("inserts into a = %v; want [11 12]", ids)
+		}
+		if u := e.upstream(t); u.ReplicaVersion != u1.ReplicaVersion {
+			t.Errorf("restart reset the stream: %s -> %s", u1.ReplicaVersion, u.ReplicaVersion)
+		}
+	})
+
+	t.Run("AddColumnUnderLoad", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var next atomic.Int64
+		next.Store(100)
+		done := make(chan error, 1)
+		go func() {
+			conn, err := pgx.Connect(ctx, e.url)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer conn.Close(context.Background())
+			for ctx.Err() == nil {
+				id := next.Add(1)
+				if _, err := conn.Exec(ctx, `INSERT INTO a (id, v) VALUES ($1, 'w')`, id); err != nil && ctx.Err() == nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		waitFor(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 200 })
+		e.exec(t, `ALTER TABLE a ADD COLUMN extra text DEFAULT 'd'`)
+		u2 := e.waitSynced(t, u1.ReplicaVersion)
+		from := next.Load()
+		waitFor(t, 30*time.Second, "writes after the resync", func() bool { return next.Load() > from+100 })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+
+		rv, txs := transactions(t, e.messages(t))
+		if rv != u2.ReplicaVersion {
+			t.Fatalf("stream's last reset is %s; want %s", rv, u2.ReplicaVersion)
+		}
+		r := txs[0].changes[0].Reset
+		if r == nil || !strings.Contains(r.Reason, "public.a") || !strings.Contains(r.Reason, "extra") {
+			t.Errorf("reset = %+v; want a reason naming public.a and extra", r)
+		}
+		if spec := createTable(txs, "a"); spec == nil ||
+			!slices.ContainsFunc(spec.Columns, func(c streams.ColumnSpec) bool { return c.Name == "extra" }) {
+			t.Fatalf("create-table a after the reset = %+v; want column extra", spec)
+		}
+		// The stream after the reset holds exactly Postgres's rows of a,
+		// with the new column.
+		want := map[int]string{}
+		rows, err := e.conn.Query(context.Background(), `SELECT id, extra FROM a`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id int
+			var extra string
+			if err := rows.Scan(&id, &extra); err != nil {
+				t.Fatal(err)
+			}
+			want[id] = extra
+		}
+		var got map[int]string
+		waitFor(t, 30*time.Second, "the stream to hold every row of a", func() bool {
+			_, txs := transactions(t, e.messages(t))
+			got = extraByID(txs)
+			return len(got) >= len(want)
+		})
+		if len(got) != len(want) {
+			t.Errorf("the stream has %d rows of a; Postgres %d", len(got), len(want))
+		}
+		for id, w := range want {
+			if g, ok := got[id]; !ok || g != w {
+				t.Errorf("a %d: stream extra = %q (present %v); Postgres %q", id, g, ok, w)
+			}
+		}
+
+		// The new initial schema has the column: a restart resumes.
+		stop()
+		stop = e.run(outer)
+		e.exec(t, `INSERT INTO a VALUES (1000000, 'z', 'e')`)
+		waitFor(t, 30*time.Second, "the insert after the restart", func() bool {
+			_, txs := transactions(t, e.messages(t))
+			return slices.Contains(inserted(txs, "a"), 1000000)
+		})
+		if u := e.upstream(t); u.ReplicaVersion != u2.ReplicaVersion {
+			t.Errorf("restart after the resync reset the stream again: %s -> %s", u2.ReplicaVersion, u.ReplicaVersion)
+		}
+	})
+}
+
+func createTable(txs []txn, table string) *streams.TableSpec {
+	for _, tx := range txs {
+		for _, c := range tx.changes {
+			if c.table == table && c.Op == streams.OpCreateTable {
+				return c.Spec
+			}
+		}
+	}
+	return nil
+}
+
+// extraByID returns a's column extra by id, from the backfills and inserts
+// of txs.
+func extraByID(txs []txn) map[int]string {
+	out := map[int]string{}
+	for _, tx := range txs {
+		for _, c := range tx.changes {
+			if c.table != "a" {
+				continue
+			}
+			switch c.Op {
+			case streams.OpBackfill:
+				idCol, extraCol := slices.Index(c.Columns, "id"), slices.Index(c.Columns, "extra")
+				for _, row := range c.Rows {
+					var id int
+					var extra string
+					json.Unmarshal(row[idCol], &id)
+					if extraCol >= 0 {
+						json.Unmarshal(row[extraCol], &extra)
+					}
+					out[id] = extra
+				}
+			case streams.OpInsert:
+				var id int
+				var extra string
+				json.Unmarshal(c.New["id"], &id)
+				json.Unmarshal(c.New["extra"], &extra)
+				out[id] = extra
+			}
+		}
+	}
+	return out
+}

@@ -131,6 +131,18 @@ func appendChange(dst []byte, c *Change) ([]byte, error) {
 		}
 		dst = append(dst, ']')
 	}
+	if c.Fragment != "" {
+		dst = append(dst, `,"fragment":`...)
+		dst = appendString(dst, c.Fragment)
+	}
+	if c.FragNum != 0 {
+		dst = append(dst, `,"fragNum":`...)
+		dst = strconv.AppendInt(dst, int64(c.FragNum), 10)
+	}
+	if c.FragCount != 0 {
+		dst = append(dst, `,"fragCount":`...)
+		dst = strconv.AppendInt(dst, int64(c.FragCount), 10)
+	}
 	return append(dst, '}'), nil
 }
 
@@ -675,7 +687,7 @@ func (d *decoder) part(p *Part) error {
 func (d *decoder) change(c *Change) error {
 	return d.object(func(key string) error {
 		var err error
-		switch canonical(key, "op", "new", "old", "reset", "spec", "index", "columns", "rows") {
+		switch canonical(key, "op", "new", "old", "reset", "spec", "index", "columns", "rows", "fragment", "fragNum", "fragCount") {
 		case "op":
 			var s string
 			s, err = d.str()
@@ -727,6 +739,12 @@ func (d *decoder) change(c *Change) error {
 					return err
 				})
 			}
+		case "fragment":
+			c.Fragment, err = d.str()
+		case "fragNum":
+			c.FragNum, err = d.integer()
+		case "fragCount":
+			c.FragCount, err = d.integer()
 		default:
 			err = d.skip(0)
 		}

@@ -37,6 +37,10 @@ func sampleMessage() *Message {
 			{Op: OpCreateIndex, Index: &IndexSpec{Schema: "public", TableName: "issue", Name: "issue_pkey", Unique: true, Columns: []string{"id"}}},
 		}},
 		{Watermark: "0c", Num: 0, Last: true, Changes: ddlChanges()},
+		{Watermark: "0d", Num: 0, Last: true, Changes: []Change{
+			{Op: OpFragment, Fragment: `{"op":"insert","new":{"id":"\u2028 é`, FragCount: 2},
+			{Op: OpFragment, Fragment: `"}}`, FragNum: 1, FragCount: 2},
+		}},
 	}}
 }
 
@@ -132,7 +136,8 @@ func FuzzCodec(f *testing.F) {
 	b, _ := Encode(sampleMessage())
 	f.Add(b)
 	f.Add([]byte(`{"table":"t","parts":[{"wm":"0a","part":0,"last":true,"changes":[{"op":"insert","new":{"a":"\u00e9\ud83d\ude00","b":[1,{"c":null}]}}]}]}`))
-	for _, c := range ddlChanges() {
+	frags, _ := Fragment(&Change{Op: OpInsert, New: Row{"id": json.RawMessage(`"a\"b\\c\u2028é😀"`)}}, minFragmentBytes)
+	for _, c := range append(ddlChanges(), frags...) {
 		b, _ := Encode(&Message{Schema: "public", Table: "issue", Parts: []Part{{Watermark: "0a", Num: 0, Last: true, Changes: []Change{c}}}})
 		f.Add(b)
 	}

@@ -28,7 +28,8 @@ const (
 )
 
 // MaxMessageBytes bounds an encoded change message; the producer starts a new
-// part before a message would grow past it. It sits well under NATS's default
+// part before a message would grow past it, and a change bigger than that on
+// its own travels as fragments (OpFragment). It sits well under NATS's default
 // 1 MiB max payload. Chunking must be a pure function of the change sequence
 // (a restarted producer skips the parts already in the stream), so this is a
 // constant, not a setting.
@@ -88,6 +89,13 @@ const (
 	OpDropIndex Op = "drop-index"
 )
 
+// OpFragment carries a piece of a change too big for one message: Fragment
+// holds bytes of the change's JSON encoding, fragment FragNum of FragCount.
+// The fragments of a change are consecutive changes of one transaction on
+// one table, each in a part of its own; joined in order they decode as the
+// change itself (see Assembler).
+const OpFragment Op = "fragment"
+
 // Message is the body of one change message. All of it belongs to one table
 // (Schema, Table), or to none when it is on the tx subject. It holds either
 // one part of a transaction, or several complete transactions in commit
@@ -137,6 +145,12 @@ type Change struct {
 	// order.
 	Columns []string            `json:"columns,omitempty"`
 	Rows    [][]json.RawMessage `json:"rows,omitempty"`
+
+	// Fragment, FragNum and FragCount carry a fragment (OpFragment):
+	// a piece of the encoded change, numbered from 0 of FragCount.
+	Fragment  string `json:"fragment,omitempty"`
+	FragNum   int    `json:"fragNum,omitempty"`
+	FragCount int    `json:"fragCount,omitempty"`
 }
 
 // Reset describes the initial sync that follows it.
@@ -271,7 +285,18 @@ func (c *Change) validate(onTable bool) error {
 		}
 		return nil
 	}
+	if c.Op != OpFragment && (c.Fragment != "" || c.FragNum != 0 || c.FragCount != 0) {
+		return fmt.Errorf("%s with fragment fields", c.Op)
+	}
 	switch c.Op {
+	case OpFragment:
+		if c.Fragment == "" {
+			return errors.New("empty fragment")
+		}
+		if c.FragNum < 0 || c.FragNum >= c.FragCount {
+			return fmt.Errorf("fragment %d of %d", c.FragNum, c.FragCount)
+		}
+		return needTable()
 	case OpInsert:
 		if c.New == nil {
 			return errors.New("insert without new")

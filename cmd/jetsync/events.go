@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -15,7 +16,8 @@ import (
 // event is one printed line of tail and replay: one change of one part of a
 // change message. Backfills print one line per row; a part without changes
 // (the empty last part that closes a transaction on the tx subject) prints
-// one "commit" line, so that transaction boundaries show.
+// one "commit" line, so that transaction boundaries show. A change cut into
+// fragments prints once, whole, at its last fragment's part.
 type event struct {
 	Seq          uint64             `json:"seq"`
 	Time         time.Time          `json:"time"`
@@ -31,6 +33,10 @@ type event struct {
 	Reset        *streams.Reset     `json:"reset,omitempty"`
 	Spec         *streams.TableSpec `json:"spec,omitempty"`
 	Index        *streams.IndexSpec `json:"index,omitempty"`
+	// FragNum and FragCount show a fragment that could not be joined (the
+	// output began inside a fragmented change, or the sequence is broken).
+	FragNum   int `json:"fragNum,omitempty"`
+	FragCount int `json:"fragCount,omitempty"`
 }
 
 // opCommit names the line printed for a part without changes.
@@ -43,6 +49,13 @@ type printer struct {
 	// from and to bound the watermarks printed, when set: one message can
 	// pack several transactions, so a watermark range cuts inside messages.
 	from, to string
+	// frag joins a change too big for one message: it prints once, at its
+	// last fragment.
+	frag streams.Assembler
+	// log, when set, reports fragments that cannot be joined, once per
+	// transaction (badWM).
+	log   *slog.Logger
+	badWM string
 }
 
 func newPrinter(w io.Writer, asJSON bool) *printer {
@@ -67,9 +80,20 @@ func (p *printer) message(seq uint64, at time.Time, m *streams.Message) error {
 				return err
 			}
 		}
-		for _, c := range part.Changes {
+		changes, err := p.frag.Part(m.Schema, m.Table, &part)
+		if err != nil {
+			// Show what there is: the fragments as they are.
+			if p.log != nil && part.Watermark != p.badWM {
+				p.log.Warn("fragments that cannot be joined", "seq", seq, "err", err)
+			}
+			p.badWM, changes = part.Watermark, part.Changes
+		}
+		for _, c := range changes {
 			ev := base
 			ev.Op, ev.New, ev.Old, ev.Reset, ev.Spec, ev.Index = c.Op, c.New, c.Old, c.Reset, c.Spec, c.Index
+			if c.Op == streams.OpFragment {
+				ev.FragNum, ev.FragCount = c.FragNum, c.FragCount
+			}
 			if c.Op != streams.OpBackfill {
 				if err := p.event(&ev); err != nil {
 					return err
@@ -146,6 +170,9 @@ func formatText(ev *event) string {
 	}
 	if ev.Index != nil {
 		field("index", ev.Index)
+	}
+	if ev.FragCount != 0 {
+		b.WriteString(" fragment=" + strconv.Itoa(ev.FragNum) + "/" + strconv.Itoa(ev.FragCount))
 	}
 	b.WriteByte('\n')
 	return b.String()

@@ -143,6 +143,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer it.Stop()
 	p := newPrinter(stdout, false)
+	p.log = log
 	p.json = c.json
 	if from.kind == posWatermark {
 		p.from = from.wm

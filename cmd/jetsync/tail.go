@@ -111,6 +111,7 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer it.Stop()
 	log.Info("tailing", "stream", shard.ChangesStream(), "subjects", s.subjects, "nats", redact(c.natsURL))
 	p := newPrinter(stdout, c.json)
+	p.log = log
 	return follow(ctx, it, func(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
 		return true, printMsg(p, msg, md, log)
 	})

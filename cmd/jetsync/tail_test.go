@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -239,5 +240,48 @@ func TestPrinter_Backfill(t *testing.T) {
 	evs := decodeLines(t, buf.String())
 	if len(evs) != 2 || string(evs[1].New["name"]) != "null" || string(evs[0].New["id"]) != `"l1"` {
 		t.Errorf("backfill printed %s; want one row per line", buf.String())
+	}
+}
+
+func TestPrinter_Fragments(t *testing.T) {
+	big := streams.Change{Op: streams.OpInsert, New: streams.Row{"id": json.RawMessage(`"i1"`), "body": json.RawMessage(`"` + strings.Repeat("x", 1000) + `"`)}}
+	frags, err := streams.Fragment(&big, 300)
+	if err != nil || len(frags) < 3 {
+		t.Fatalf("Fragment = %d, %v", len(frags), err)
+	}
+	msgs := make([]*streams.Message, len(frags))
+	for i := range frags {
+		msgs[i] = &streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{
+			Watermark: streams.Lexi(5), Num: i, Last: i == len(frags)-1, Changes: frags[i : i+1],
+		}}}
+	}
+	for _, tc := range []struct {
+		name string
+		from int
+		want []streams.Op
+	}{
+		{"Whole", 0, []streams.Op{streams.OpInsert}},
+		{"FromMiddle", 1, slices.Repeat([]streams.Op{streams.OpFragment}, len(frags)-1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			p := newPrinter(&buf, true)
+			for i, m := range msgs[tc.from:] {
+				if err := p.message(uint64(i+1), time.Unix(0, 0), m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			evs := decodeLines(t, buf.String())
+			var ops []streams.Op
+			for _, ev := range evs {
+				ops = append(ops, ev.Op)
+			}
+			if !slices.Equal(ops, tc.want) {
+				t.Fatalf("printed ops %v; want %v", ops, tc.want)
+			}
+			if tc.from == 0 && (len(evs[0].New["body"]) != 1002 || !evs[0].Last) {
+				t.Errorf("joined insert printed as %+v", evs[0])
+			}
+		})
 	}
 }

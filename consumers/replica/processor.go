@@ -62,6 +62,9 @@ type processor struct {
 	// clean is pending as of the last message that left no transaction
 	// open, where an abort returns to.
 	clean replica.State
+	// frag joins the fragments of a change too big for one message; one
+	// is partly joined only inside the open transaction.
+	frag streams.Assembler
 
 	// What tx holds, for metrics and subscribers.
 	txns, changes int
@@ -163,6 +166,17 @@ func (p *processor) handle(ctx context.Context, seq uint64, m *streams.Message) 
 			}
 			p.open, p.openWM, p.nextPart, p.openMidMsg = true, pt.Watermark, 0, i > 0
 		}
+		// Fragments are joined whatever the table filter, so that a
+		// broken sequence is caught in a replay too.
+		changes, err := p.frag.Part(m.Schema, m.Table, pt)
+		if err != nil {
+			return &DecodeError{Seq: seq, Err: err}
+		}
+		if len(changes) != len(pt.Changes) || len(changes) > 0 && &changes[0] != &pt.Changes[0] {
+			joined := *pt
+			joined.Changes = changes
+			pt = &joined
+		}
 		if p.table == "" || isReset(pt) || replica.TableName(m.Schema, m.Table) == p.table {
 			if p.batch != nil && !p.batch.reset {
 				p.applier.Collector = p.batch
@@ -229,6 +243,7 @@ func (p *processor) abortOpen(ctx context.Context) error {
 	}
 	// The applier may have cached tables the savepoint no longer holds.
 	p.applier.Discard()
+	p.frag.Reset()
 	p.open = false
 	p.pending = p.clean
 	p.waiting = p.pending.ReplicaVersion == ""
@@ -273,6 +288,7 @@ func (p *processor) rollback() {
 		p.tx = nil
 	}
 	p.applier.Discard()
+	p.frag.Reset()
 	p.pending, p.clean = p.st, p.st
 	p.open = false
 	p.waiting = p.st.ReplicaVersion == ""

@@ -239,7 +239,9 @@ func (s *Source) copyTables(ctx context.Context, snapshot string, pubs []string,
 		todo <- t
 	}
 	close(todo)
-	out := make(chan *outMsg, 2*len(conns))
+	// A worker hands over a change's fragments at once, so that no other
+	// table's message falls between them.
+	out := make(chan []*outMsg, 2*len(conns))
 	rowCounts := make([]int, len(conns))
 	for i, c := range conns {
 		g.Go(func() error {
@@ -261,18 +263,20 @@ func (s *Source) copyTables(ctx context.Context, snapshot string, pubs []string,
 
 	num := 1
 	var pubErr error
-	for m := range out {
-		if pubErr != nil {
-			continue // drain, so the workers can exit
-		}
-		p := &m.msg.Parts[0]
-		p.Watermark, p.Num = rv, num
-		num++
-		if pubErr = pub.publish(m); pubErr == nil {
-			pubErr = pub.poll()
-		}
-		if pubErr != nil {
-			cancel()
+	for ms := range out {
+		for _, m := range ms {
+			if pubErr != nil {
+				break // drain, so the workers can exit
+			}
+			p := &m.msg.Parts[0]
+			p.Watermark, p.Num = rv, num
+			num++
+			if pubErr = pub.publish(m); pubErr == nil {
+				pubErr = pub.poll()
+			}
+			if pubErr != nil {
+				cancel()
+			}
 		}
 	}
 	if err := <-done; err != nil && pubErr == nil {
@@ -304,19 +308,22 @@ func snapshotConn(ctx context.Context, url, snapshot string) (*pgx.Conn, error) 
 
 // copyTable sends t's create-table, backfill and create-index messages, and
 // returns the rows copied.
-func (s *Source) copyTable(ctx context.Context, conn *pgx.Conn, t *publishedTable, out chan<- *outMsg) (int, error) {
+func (s *Source) copyTable(ctx context.Context, conn *pgx.Conn, t *publishedTable, out chan<- []*outMsg) (int, error) {
 	ref := &tableRef{Schema: t.spec.Schema, Name: t.spec.Name, subject: s.cfg.Shard.TableSubject(t.spec.Schema, t.spec.Name)}
-	send := func(changes ...streams.Change) error {
-		m := &outMsg{subject: ref.subject, msg: streams.Message{
+	msg := func(changes ...streams.Change) *outMsg {
+		return &outMsg{subject: ref.subject, msg: streams.Message{
 			Schema: ref.Schema, Table: ref.Name, Parts: []streams.Part{{Changes: changes}},
 		}}
+	}
+	sendAll := func(ms ...*outMsg) error {
 		select {
-		case out <- m:
+		case out <- ms:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	send := func(changes ...streams.Change) error { return sendAll(msg(changes...)) }
 	spec := t.spec
 	if err := send(streams.Change{Op: streams.OpCreateTable, Spec: &spec}); err != nil {
 		return 0, err
@@ -327,10 +334,27 @@ func (s *Source) copyTable(ctx context.Context, conn *pgx.Conn, t *publishedTabl
 		cols[i] = c.Name
 		colSize += jsonStringSize(c.Name) + 1
 	}
+	limit := msgLimit - partOverhead - changeOverhead - colSize
 	w := &backfillWriter{
-		table: t, cols: cols, limit: msgLimit - partOverhead - changeOverhead - colSize,
+		table: t, cols: cols, limit: limit,
 		flush: func(rows [][]json.RawMessage) error {
-			return send(streams.Change{Op: streams.OpBackfill, Columns: cols, Rows: rows})
+			c := streams.Change{Op: streams.OpBackfill, Columns: cols, Rows: rows}
+			if len(rows) > 1 || backfillRowSize(rows[0]) <= limit {
+				return send(c)
+			}
+			// One row too big for a message: its fragments, one a message.
+			frags, err := streams.Fragment(&c, fragmentBytes)
+			if err != nil {
+				return fmt.Errorf("fragment a row of %s.%s: %w", t.spec.Schema, t.spec.Name, err)
+			}
+			if len(frags) == 1 {
+				return send(c)
+			}
+			ms := make([]*outMsg, len(frags))
+			for i := range frags {
+				ms[i] = msg(frags[i])
+			}
+			return sendAll(ms...)
 		},
 	}
 	if _, err := conn.PgConn().CopyTo(ctx, w, t.copyQuery()); err != nil {
@@ -399,6 +423,15 @@ func (w *backfillWriter) Write(p []byte) (int, error) {
 		p = p[i+1:]
 	}
 	return n, nil
+}
+
+// backfillRowSize bounds a backfill row's encoded size, as line counts it.
+func backfillRowSize(row []json.RawMessage) int {
+	size := 2
+	for _, v := range row {
+		size += rawSize(v)
+	}
+	return size
 }
 
 func (w *backfillWriter) line(line []byte) error {

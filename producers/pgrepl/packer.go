@@ -19,6 +19,15 @@ const (
 // msgLimit is what the changes of one message may add up to.
 const msgLimit = streams.MaxMessageBytes - msgOverhead - 2*maxNameBytes
 
+// maxChangeBytes is the most one change may add to a message: a bigger one
+// travels as fragments.
+const maxChangeBytes = msgLimit - partOverhead
+
+// fragmentBytes is the escaped size of one fragment's piece, leaving room
+// for the rest of a fragment change:
+// {"op":"fragment","fragment":"","fragNum":N,"fragCount":N},
+const fragmentBytes = maxChangeBytes - changeOverhead - 64
+
 // maxNameBytes bounds an encoded schema or table name (63 bytes, each
 // escaped to at most 6).
 const maxNameBytes = 63*6 + 2
@@ -92,8 +101,31 @@ func (p *packer) begin(wm string) {
 }
 
 // add appends a change to table t to the open transaction. size is
-// changeSize(c).
+// changeSize(c). A change bigger than a message goes as fragments, each in
+// a part of its own (the last may share its part with later changes when
+// they fit, which they don't, being at the limit); where they cut depends on
+// the change alone, so a restart finds the same parts.
 func (p *packer) add(t *tableRef, c streams.Change, size int) {
+	if size <= maxChangeBytes {
+		p.addChange(t, c, size)
+		return
+	}
+	frags, err := streams.Fragment(&c, fragmentBytes)
+	if err != nil || len(frags) == 1 {
+		// Its encoding fits after all (size only bounds it). Or it has
+		// none, which Encode reports at publish.
+		p.addChange(t, c, maxChangeBytes)
+		return
+	}
+	for i, f := range frags {
+		p.addChange(t, f, maxChangeBytes)
+		if i < len(frags)-1 {
+			p.emitPart(0)
+		}
+	}
+}
+
+func (p *packer) addChange(t *tableRef, c streams.Change, size int) {
 	tx := &p.tx
 	if tx.table != nil && (tx.table != t || size+tx.size > msgLimit-partOverhead || len(tx.part.Changes) >= streams.MaxChangesPerMessage) {
 		p.flush()

@@ -3,6 +3,7 @@ package pgrepl
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -166,6 +167,113 @@ func TestPacker_SplitIsPure(t *testing.T) {
 		if len(b) > streams.MaxMessageBytes {
 			t.Errorf("message %s is %d bytes", summary([]*outMsg{m}), len(b))
 		}
+	}
+}
+
+// A change bigger than a message travels as fragments, each in a part of
+// its own, cut the same way wherever the transaction falls.
+func TestPacker_Fragments(t *testing.T) {
+	sh := streams.Shard{App: "zero"}
+	long := &tableRef{Schema: strings.Repeat("s", 63), Name: strings.Repeat("\"", 63)}
+	long.subject = sh.TableSubject(long.Schema, long.Name)
+	refs := testRefs(sh)
+	// 3 MB whose escapes cost more than its bytes: quotes double.
+	body, _ := json.Marshal(strings.Repeat(`x"é😀`, 3<<20/8))
+	big := streams.Change{Op: streams.OpInsert, New: streams.Row{"id": json.RawMessage(`1`), "body": body}}
+	small := func(id int) streams.Change {
+		return streams.Change{Op: streams.OpInsert, New: streams.Row{"id": json.RawMessage(fmt.Sprint(id))}}
+	}
+	type ch struct {
+		t *tableRef
+		c streams.Change
+	}
+	run := func(p *packer, lsn uint64, changes ...ch) []*outMsg {
+		p.begin(streams.Lexi(lsn))
+		for _, c := range changes {
+			p.add(c.t, c.c, changeSize(&c.c))
+		}
+		p.commit(1, pglogrepl.LSN(lsn+1))
+		p.flush()
+		return p.take()
+	}
+	for _, tc := range []struct {
+		name    string
+		changes []ch
+	}{
+		{"Alone", []ch{{refs["a"], big}}},
+		{"Between", []ch{{refs["a"], small(1)}, {refs["a"], big}, {refs["a"], small(2)}}},
+		{"MultiTable", []ch{{refs["b"], small(1)}, {refs["a"], big}, {refs["b"], small(2)}}},
+		{"LongNames", []ch{{long, big}, {long, big}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			alone := run(&packer{shard: sh}, 100, tc.changes...)
+			p := &packer{shard: sh}
+			p.begin(streams.Lexi(10))
+			c := small(0)
+			p.add(refs["a"], c, changeSize(&c))
+			p.commit(1, 11)
+			after := run(p, 100, tc.changes...)
+			if diff := cmp.Diff(summary(alone), summary(after)[len(after)-len(alone):]); diff != "" {
+				t.Errorf("parts differ after a packed transaction (-alone +after):\n%s", diff)
+			}
+			var a streams.Assembler
+			var got []streams.Change
+			frags := 0
+			for i, m := range alone {
+				b, err := streams.Encode(&m.msg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(b) > streams.MaxMessageBytes {
+					t.Errorf("message %d %s is %d bytes", i, summary([]*outMsg{m}), len(b))
+				}
+				am := after[len(after)-len(alone)+i].msg
+				if i == 0 {
+					am.Parts = slices.Clone(am.Parts)
+					am.Parts[0].Prev = m.first().Prev
+				}
+				if bb, _ := streams.Encode(&am); string(bb) != string(b) {
+					t.Errorf("message %d differs after a packed transaction", i)
+				}
+				dm, err := streams.Decode(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j := range dm.Parts {
+					for _, c := range dm.Parts[j].Changes {
+						if c.Op == streams.OpFragment {
+							frags++
+							if len(dm.Parts[j].Changes) != 1 {
+								t.Errorf("message %d: a fragment shares its part", i)
+							}
+						}
+					}
+					cs, err := a.Part(dm.Schema, dm.Table, &dm.Parts[j])
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, cs...)
+				}
+			}
+			if frags < 6 {
+				t.Errorf("%d fragments; want the 3 MB change cut into at least 6", frags)
+			}
+			var want []streams.Change
+			for _, c := range tc.changes {
+				want = append(want, c.c)
+			}
+			// cmp walks a 3 MB value byte by byte: compare encodings.
+			enc := func(cs []streams.Change) string {
+				b, _ := json.Marshal(cs)
+				return string(b)
+			}
+			if enc(got) != enc(want) {
+				t.Errorf("joined changes differ from those added (%d, want %d)", len(got), len(want))
+			}
+			if last := alone[len(alone)-1]; last.confirm != 101 || !last.last().Last {
+				t.Errorf("last message %s confirms %d", summary([]*outMsg{last}), last.confirm)
+			}
+		})
 	}
 }
 

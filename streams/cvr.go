@@ -135,6 +135,16 @@ func EnsureCVR(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 	return s, kv, nil
 }
 
+// CVRHeaderDeleted marks a garbage collector's tombstone: the group's
+// history was purged and the message holds only a snapshot whose instance
+// is Deleted. Readers that only list the stream (headers only) see it.
+const CVRHeaderDeleted = "Jetsync-Cvr-Deleted"
+
+// CVRGCLockKey is the owners bucket's key for the garbage-collection lock,
+// a CVROwner record like a group's lease. OwnerKey never yields a '.', so
+// it names no group.
+const CVRGCLockKey = "gc.lock"
+
 // CVROwner is a lease record in the owners bucket: which view-syncer owns a
 // group, where peers reach it, and until when.
 type CVROwner struct {

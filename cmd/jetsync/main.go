@@ -36,6 +36,10 @@ func commands() []command {
 }
 
 func main() {
+	if err := setupRuntime(os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "jetsync:", err)
+		os.Exit(2)
+	}
 	os.Exit(mainExit(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 

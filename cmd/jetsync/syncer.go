@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,6 +31,7 @@ type syncFlags struct {
 	leaseTTL  time.Duration
 	advertise string
 	cvrFile   string
+	gc        cvrstore.GCConfig
 }
 
 func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
@@ -45,6 +47,56 @@ func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
 	fs.DurationVar(&a.leaseTTL, "cvr-lease-ttl", e.duration("JETSYNC_CVR_LEASE_TTL", cvrstore.DefaultLeaseTTL), "how long a view-syncer's ownership of a client group lasts unrenewed; a peer takes a dead one's groups after it [JETSYNC_CVR_LEASE_TTL]")
 	fs.StringVar(&a.advertise, "advertise-address", e.str("JETSYNC_ADVERTISE_ADDRESS", ""), "where peers reach this view-syncer's sync endpoint (ws://host:port); default ws://<hostname>:<port> [JETSYNC_ADVERTISE_ADDRESS]")
 	fs.StringVar(&a.cvrFile, "cvr-file", e.str("JETSYNC_CVR_FILE", ""), "SQLite file caching the CVR projection; default <data-dir>/cvr.db [JETSYNC_CVR_FILE]")
+	a.gc.Inactivity = e.units("ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS", cvrstore.DefaultGCInactivity, time.Hour)
+	fs.Var(units{&a.gc.Inactivity, time.Hour}, "cvr-garbage-collection-inactivity-threshold-hours", "hours (fractions allowed) after which an inactive client group's CVR may be purged; its clients then start over [ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS]")
+	a.gc.Interval = e.units("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", cvrstore.DefaultGCInterval, time.Second)
+	fs.Var(units{&a.gc.Interval, time.Second}, "cvr-garbage-collection-initial-interval-seconds", "seconds between CVR garbage-collection passes while there is work; doubles up to 16 minutes while there is none [ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS]")
+	fs.IntVar(&a.gc.BatchSize, "cvr-garbage-collection-initial-batch-size", e.int("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE", cvrstore.DefaultGCBatchSize), "CVRs purged per pass at first, growing while inactive ones accumulate; 0 disables garbage collection [ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE]")
+}
+
+// units is a duration flag given as a number, fractions allowed, of unit:
+// zero-cache's hour and second settings.
+type units struct {
+	d    *time.Duration
+	unit time.Duration
+}
+
+func (u units) String() string {
+	if u.d == nil {
+		return ""
+	}
+	return strconv.FormatFloat(float64(*u.d)/float64(u.unit), 'g', -1, 64)
+}
+
+func (u units) Set(v string) error {
+	d, err := parseUnits(v, u.unit)
+	if err != nil {
+		return err
+	}
+	*u.d = d
+	return nil
+}
+
+func parseUnits(v string, unit time.Duration) (time.Duration, error) {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) || f*float64(unit) > math.MaxInt64 {
+		return 0, fmt.Errorf("%q is not a non-negative number", v)
+	}
+	return time.Duration(f * float64(unit)), nil
+}
+
+// units reads a setting given as a number of unit (parseUnits).
+func (e *env) units(name string, def, unit time.Duration) time.Duration {
+	v, ok := e.lookup(name)
+	if !ok || v == "" {
+		return def
+	}
+	d, err := parseUnits(v, unit)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q: not a non-negative number", name, v))
+		return def
+	}
+	return d
 }
 
 // hidden is a string flag that never shows its value, not even redacted.
@@ -93,6 +145,7 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		AuthAudience: a.audience,
 		CVR:          store,
 		GroupIdle:    a.groupIdle,
+		GC:           a.gc,
 		Logger:       log,
 		Registerer:   rl.metrics.For("view-syncer"),
 	})

@@ -2,9 +2,14 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
+	"io"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
 func TestAuthFlags_Register(t *testing.T) {
@@ -31,5 +36,42 @@ func TestAuthFlags_Register(t *testing.T) {
 	// An "oct" JWK is a secret.
 	if strings.Contains(usage.String(), "c2VjcmV0") {
 		t.Errorf("usage shows the JWK:\n%s", usage.String())
+	}
+}
+
+func TestSyncFlags_GC(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vars map[string]string
+		args []string
+		want cvrstore.GCConfig
+		bad  bool
+	}{
+		{name: "Defaults", want: cvrstore.GCConfig{Inactivity: 48 * time.Hour, Interval: time.Minute, BatchSize: 25}},
+		{name: "FractionsFromEnv", vars: map[string]string{
+			"ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS": "0.001",
+			"ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS":   "0.5",
+			"ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE":         "0",
+		}, want: cvrstore.GCConfig{Inactivity: 3600 * time.Millisecond, Interval: 500 * time.Millisecond}},
+		{name: "FlagsWin", vars: map[string]string{"ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS": "2"},
+			args: []string{"-cvr-garbage-collection-inactivity-threshold-hours", "1.5", "-cvr-garbage-collection-initial-batch-size", "5"},
+			want: cvrstore.GCConfig{Inactivity: 90 * time.Minute, Interval: time.Minute, BatchSize: 5}},
+		{name: "BadEnv", vars: map[string]string{"ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS": "2h"}, bad: true},
+		{name: "BadFlag", args: []string{"-cvr-garbage-collection-initial-interval-seconds", "-1"}, bad: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &env{lookup: func(k string) (string, bool) { v, ok := tc.vars[k]; return v, ok }}
+			fs := flag.NewFlagSet("jetsync view-syncer", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			var a syncFlags
+			a.register(fs, e)
+			err := errors.Join(e.err(), fs.Parse(tc.args))
+			if (err != nil) != tc.bad {
+				t.Fatalf("register and parse: %v; want error %v", err, tc.bad)
+			}
+			if !tc.bad && a.gc != tc.want {
+				t.Errorf("gc = %+v; want %+v", a.gc, tc.want)
+			}
+		})
 	}
 }

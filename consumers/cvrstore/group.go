@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,6 +31,10 @@ type Group struct {
 	since int // messages beyond the last snapshot
 	err   error
 	info  LoadInfo
+	// applyErr is the first failure of an apply that ran after its
+	// PubAck (applyQueue); the Group is then broken.
+	applyMu  sync.Mutex
+	applyErr error
 }
 
 // LoadInfo says how Load found a group.
@@ -55,6 +60,10 @@ func (s *Store) Load(ctx context.Context, groupID string, lease *Lease) (*Group,
 		return nil, err
 	}
 	g := &Group{s: s, id: groupID, subject: s.cfg.Shard.CVRSubject(groupID), lease: lease}
+	// An earlier Group of this ID may still be applying what it published.
+	if err := s.applies.wait(ctx, groupID); err != nil {
+		return nil, err
+	}
 	last, err := s.lastSeq(ctx, g.subject)
 	if err != nil {
 		return nil, err
@@ -205,21 +214,43 @@ func (g *Group) Info() LoadInfo { return g.info }
 
 // State reads the group's whole CVR from the local projection.
 func (g *Group) State(ctx context.Context) (*cvr.State, error) {
+	if err := g.applied(ctx); err != nil {
+		return nil, err
+	}
 	return cvr.Load(ctx, g.s.r, g.id)
 }
 
 // Catchup reads what changed after base from the local projection
 // (cvr.Catchup).
 func (g *Group) Catchup(ctx context.Context, base string) (*cvr.Diff, error) {
+	if err := g.applied(ctx); err != nil {
+		return nil, err
+	}
 	return cvr.Catchup(ctx, g.s.r, g.id, base)
+}
+
+// applied waits until the local projection holds everything published,
+// and reports a failure to apply it.
+func (g *Group) applied(ctx context.Context) error {
+	if err := g.s.applies.wait(ctx, g.id); err != nil {
+		return err
+	}
+	g.applyMu.Lock()
+	defer g.applyMu.Unlock()
+	if g.applyErr != nil {
+		return fmt.Errorf("%w: cvr %q: local projection: %w", ErrBroken, g.id, g.applyErr)
+	}
+	return nil
 }
 
 // Publish appends one CVR update, at version (the CVR's version after it),
 // and returns once JetStream has stored it, so that a poke sent afterwards
 // never carries a cookie the stream cannot reproduce. An update larger than
-// one message is published as one atomic batch. It then applies the update
-// to the local projection and, once the group's history has grown past
-// CompactAfter messages, compacts it.
+// one message is published as one atomic batch. The update is then applied
+// to the local projection in the background (State, Catchup and a later
+// Load wait for it), so events must not be modified after the call; once
+// the group's history has grown past CompactAfter messages, Publish
+// compacts it.
 //
 // ErrConflict means another writer advanced the group; ErrLeaseLost that
 // the lease ended. After any error the Group is unusable (ErrBroken) and
@@ -239,6 +270,13 @@ func (g *Group) Publish(ctx context.Context, version string, events []streams.CV
 }
 
 func (g *Group) publish(ctx context.Context, version string, events []streams.CVREvent, snapshot bool) error {
+	if g.err == nil {
+		g.applyMu.Lock()
+		if g.applyErr != nil {
+			g.err = fmt.Errorf("local projection: %w", g.applyErr)
+		}
+		g.applyMu.Unlock()
+	}
 	if g.err != nil {
 		return fmt.Errorf("%w: %w", ErrBroken, g.err)
 	}
@@ -249,7 +287,7 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 		}
 	}
 	hdr := streams.CVRMessage{Group: g.id, Owner: g.s.cfg.OwnerID, Version: version, Prev: g.seq}
-	msgs, err := streams.EncodeCVRUpdate(hdr, events, g.s.cfg.MaxMessageBytes)
+	msgs, applied, err := encodeUpdate(hdr, events, g.s.cfg.MaxMessageBytes)
 	if err != nil {
 		return fmt.Errorf("publish cvr %q: %w", g.id, err) // nothing sent: the Group stays usable
 	}
@@ -271,28 +309,34 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 		g.err = err
 		return fmt.Errorf("publish cvr %q: %w", g.id, err)
 	}
-	// Apply what the stream now holds, decoded as a rebuild would decode
-	// it. The batch's messages are consecutive from last-n+1; only the
-	// last sequence is recorded, and it is exact.
+	// Apply what the stream now holds, as a rebuild would decode it, once
+	// the group's earlier applies are done, while the caller pokes. The
+	// batch's messages are consecutive from last-n+1; only the last
+	// sequence is recorded, and it is exact. applied shares nothing the
+	// caller may change: events given to Publish are not to be modified.
 	prev := g.seq
-	err = g.s.applyTx(ctx, func(tx *sql.Tx) error {
-		for i, b := range msgs {
-			m, err := streams.DecodeCVR(b)
-			if err != nil {
-				return err
-			}
-			if _, err := cvr.Apply(ctx, tx, last-uint64(len(msgs)-1-i), m); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
 	g.seq = last
-	if err != nil {
-		// The stream has the update; only the local copy is behind.
-		g.err = err
-		return fmt.Errorf("publish cvr %q: local projection: %w", g.id, err)
-	}
+	actx := context.WithoutCancel(ctx)
+	g.s.applies.start(g.id, func() {
+		err := g.s.applyTx(actx, func(tx *sql.Tx) error {
+			for i, m := range applied {
+				if _, err := cvr.Apply(actx, tx, last-uint64(len(msgs)-1-i), m); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			// The stream has the update; only the local copy is behind,
+			// which the next Load repairs by replaying the stream.
+			g.s.log.Warn("cvr projection apply failed; the group must be reloaded", "group", g.id, "seq", last, "err", err)
+			g.applyMu.Lock()
+			if g.applyErr == nil {
+				g.applyErr = err
+			}
+			g.applyMu.Unlock()
+		}
+	})
 	if snapshot {
 		g.since = len(msgs)
 		// Everything before the snapshot is now redundant.

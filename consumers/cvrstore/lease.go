@@ -104,6 +104,30 @@ func (s *Store) Acquire(ctx context.Context, groupID string) (*Lease, error) {
 	if err := streams.CheckGroupID(groupID); err != nil {
 		return nil, err
 	}
+	// Garbage collection here neither starts on a group being acquired
+	// nor lets one it purges be acquired.
+	s.mu.Lock()
+	if s.purging[groupID] {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("acquire %q: %w", groupID, ErrPurging)
+	}
+	s.acquiring[groupID]++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.acquiring[groupID]--; s.acquiring[groupID] == 0 {
+			delete(s.acquiring, groupID)
+		}
+		s.mu.Unlock()
+	}()
+	return s.acquire(ctx, groupID, true)
+}
+
+// acquire takes a group's lease; a lease for serving the group (serve) is
+// registered for Run to renew and may reclaim a live record of this
+// OwnerID (a restart), while the garbage collector's refuses every live
+// record.
+func (s *Store) acquire(ctx context.Context, groupID string, serve bool) (*Lease, error) {
 	now := time.Now()
 	l := &Lease{s: s, groupID: groupID, key: streams.OwnerKey(groupID), granted: now.UnixMilli(), done: make(chan struct{})}
 	// A few rounds cover a record that changes between reading and
@@ -111,7 +135,7 @@ func (s *Store) Acquire(ctx context.Context, groupID string) (*Lease, error) {
 	for range 3 {
 		rev, err := s.kv.Create(ctx, l.key, l.record(now))
 		if err == nil {
-			return s.hold(l, rev, now), nil
+			return s.hold(l, rev, now, serve), nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
@@ -124,12 +148,12 @@ func (s *Store) Acquire(ctx context.Context, groupID string) (*Lease, error) {
 			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
 		}
 		var cur streams.CVROwner
-		if err := json.Unmarshal(e.Value(), &cur); err == nil && cur.ID != s.cfg.OwnerID && now.UnixMilli() < cur.ExpiresMs {
+		if err := json.Unmarshal(e.Value(), &cur); err == nil && (cur.ID != s.cfg.OwnerID || !serve) && now.UnixMilli() < cur.ExpiresMs {
 			return nil, &OwnedError{GroupID: groupID, Owner: cur}
 		}
 		rev, err = s.kv.Update(ctx, l.key, l.record(now), e.Revision())
 		if err == nil {
-			return s.hold(l, rev, now), nil
+			return s.hold(l, rev, now, serve), nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
@@ -139,8 +163,11 @@ func (s *Store) Acquire(ctx context.Context, groupID string) (*Lease, error) {
 	return nil, fmt.Errorf("acquire %q: lease record keeps changing", groupID)
 }
 
-func (s *Store) hold(l *Lease, rev uint64, now time.Time) *Lease {
+func (s *Store) hold(l *Lease, rev uint64, now time.Time, register bool) *Lease {
 	l.rev, l.expires = rev, now.Add(s.cfg.LeaseTTL)
+	if !register {
+		return l
+	}
 	s.mu.Lock()
 	old := s.leases[l.groupID]
 	s.leases[l.groupID] = l

@@ -119,8 +119,16 @@ type Store struct {
 	// w is the projection's single writer; r serves State and Catchup.
 	w, r *sql.DB
 
+	// applies runs projection applies after their PubAcks (apply.go).
+	applies applyQueue
+
 	mu     sync.Mutex
 	leases map[string]*Lease
+	// acquiring counts Acquire calls under way per group, and purging
+	// marks groups the garbage collector is purging: each keeps the other
+	// off the group.
+	acquiring map[string]int
+	purging   map[string]bool
 }
 
 // Open ensures the CVR stream and owners bucket and opens the local
@@ -151,24 +159,30 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	return &Store{
-		cfg:    cfg,
-		log:    cfg.Logger.With("stream", cfg.Shard.CVRStream()),
-		stream: stream,
-		kv:     kv,
-		w:      w,
-		r:      r,
-		leases: map[string]*Lease{},
+		cfg:       cfg,
+		log:       cfg.Logger.With("stream", cfg.Shard.CVRStream()),
+		stream:    stream,
+		kv:        kv,
+		w:         w,
+		r:         r,
+		leases:    map[string]*Lease{},
+		acquiring: map[string]int{},
+		purging:   map[string]bool{},
 	}, nil
 }
 
 // Close closes the local projection. Leases are left to expire; Release
 // them first to hand groups over at once.
 func (s *Store) Close() error {
+	s.applies.waitAll()
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
 // Forget drops a group from the local projection, so that its next Load
 // replays the stream from the start.
 func (s *Store) Forget(ctx context.Context, groupID string) error {
+	if err := s.applies.wait(ctx, groupID); err != nil {
+		return err
+	}
 	return cvr.Drop(ctx, s.w, groupID)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"testing"
 	"time"
@@ -24,7 +26,9 @@ func BenchmarkHydrateIssues(b *testing.B) {
 		}
 		issues = n
 	}
-	e := newEnv(b, envOptions{issues: issues})
+	// VIEWSYNCER_BENCH_DURABLE=1 keeps the CVRs on the JetStream CVR
+	// stream, as jetsync run does.
+	e := newEnv(b, envOptions{issues: issues, durable: os.Getenv("VIEWSYNCER_BENCH_DURABLE") != ""})
 	proto, err := encodeSecProtocol(secProtocol{})
 	if err != nil {
 		b.Fatal(err)
@@ -55,6 +59,22 @@ func BenchmarkHydrateIssues(b *testing.B) {
 		}
 		total += time.Since(start)
 		ws.Close()
+	}
+	// The groups stay loaded (GroupIdle): what each holds is the live heap
+	// beyond the env's own, over the groups.
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.HeapAlloc)/(1<<20), "MiB-live-heap")
+	if f := os.Getenv("VIEWSYNCER_BENCH_HEAPPROFILE"); f != "" {
+		out, err := os.Create(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer out.Close()
+		if err := pprof.WriteHeapProfile(out); err != nil {
+			b.Fatal(err)
+		}
 	}
 	b.ReportMetric(float64(total.Milliseconds())/float64(i), "ms/hydration")
 	b.ReportMetric(float64(bytes)/float64(i)/(1<<20), "MiB/hydration")

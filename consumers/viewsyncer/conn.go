@@ -182,6 +182,15 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			ProtocolVersion, version, side))
 		return
 	}
+	if s.draining.Load() {
+		// Reconnect elsewhere, or here once restarted, soon: this
+		// view-syncer gave its groups up.
+		perr := newProtocolError(kindRehome, "Reconnect required")
+		d := ownedRetry
+		perr.MaxBackoffMs = &d
+		closeWithError(ws, perr)
+		return
+	}
 	ctx := r.Context()
 	var g *group
 	for {
@@ -428,10 +437,14 @@ func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeConten
 		return err
 	}
 	if !pc.empty() {
+		size := 0
 		for _, part := range pc.parts(cookie) {
-			if err := add("pokePart", part); err != nil {
+			b, err := encodePokePart(part, size)
+			if err != nil {
 				return err
 			}
+			size = len(b)
+			frames = append(frames, b)
 		}
 	}
 	if err := add("pokeEnd", pokeEndBody{PokeID: cookie, Cookie: cookie}); err != nil {
@@ -514,11 +527,16 @@ func drainClose(ws *websocket.Conn) {
 // lease runs out.
 const ownedRetry = 1000
 
-// loadError is what a client is told when its group cannot be loaded. A
+// loadError is what a client is told when its group cannot be loaded: a
+// protocol error as it is (a purged group's ClientNotFound). A
 // group a live peer owns is Rehome in zero-cache's OwnershipError form;
 // any other failure is transient too, so Rehome as well ("Reconnect
 // required"): Internal would stop the client for good.
 func loadError(err error) *protocolError {
+	var perr *protocolError
+	if errors.As(err, &perr) {
+		return perr
+	}
 	var owned *cvrstore.OwnedError
 	if errors.As(err, &owned) {
 		perr := ownershipError(owned.Owner, time.Now())

@@ -94,10 +94,13 @@ type queryRecord struct {
 // rowRecord is a row the group's clients have (or had: a tombstone).
 type rowRecord struct {
 	table string
-	id    map[string]any
-	// value is the row as last sent; nil for a row loaded from the durable
-	// store until its query hydrates again.
-	value zql.Row
+	// key is the row's primary key as canonical JSON (streams.CVRRowKey),
+	// which is how the store keys it and a del patch names it.
+	key string
+	// value is the row as last sent, shared with the view that read it;
+	// zero for a row loaded from the durable store until its query
+	// hydrates again.
+	value zql.RowValue
 	// rowVersion is the row's _0_version as last sent.
 	rowVersion string
 	// refs counts, per got query, whether it holds the row; nil is a

@@ -42,6 +42,11 @@ type durableGroup struct {
 	desires  map[projcvr.DesireKey]streams.CVRDesire
 }
 
+// errPurged is what every client of a group that garbage collection
+// purged gets, with or without a cookie, as from zero-cache: the client
+// gives the group up and starts a new one.
+var errPurged = newProtocolError(kindClientNotFound, "Client has been purged due to inactivity")
+
 // queryBase is a query record as last written; its AST never changes once
 // set, so the pointer stands for it.
 type queryBase struct {
@@ -66,6 +71,10 @@ func (d *durableStore) load(ctx context.Context, id string) (*cvr, error) {
 		_ = d.s.Release(ctx, lease)
 		return nil, err
 	}
+	if st.Instance.Deleted {
+		_ = d.s.Release(ctx, lease)
+		return nil, errPurged
+	}
 	c, err := fromState(st)
 	if err != nil {
 		_ = d.s.Release(ctx, lease)
@@ -74,7 +83,7 @@ func (d *durableStore) load(ctx context.Context, id string) (*cvr, error) {
 	c.dg.lease, c.dg.w = lease, w
 	info := w.Info()
 	d.log.Debug("cvr loaded", "client_group", id, "version", c.version, "rows", len(c.rows),
-		"seq", w.Seq(), "replayed", info.Replayed, "rebuilt", info.Rebuilt)
+		"seq", w.Seq(), "from", info.FromSeq, "replayed", info.Replayed, "rebuilt", info.Rebuilt)
 	return c, nil
 }
 
@@ -91,11 +100,6 @@ func fromState(st *projcvr.State) (*cvr, error) {
 		desires:  st.Desires,
 	}
 	c.dg = dg
-	if st.Instance.Deleted {
-		// Purged: the group starts over, and a client with a cookie gets
-		// ClientNotFound.
-		return c, nil
-	}
 	in := st.Instance
 	c.version, c.replicaVersion, c.ttlClockMs, c.userID = in.Version, in.ReplicaVersion, in.TTLClockMs, in.UserID
 	c.clientSchema = st.ClientSchema
@@ -127,17 +131,12 @@ func fromState(st *projcvr.State) (*cvr, error) {
 		dg.queries[h] = queryBase{ast: qr.ast, internal: qr.internal, got: qr.got, patchVersion: qr.patchVersion}
 	}
 	for _, r := range st.Rows {
-		d := json.NewDecoder(bytes.NewReader(r.Key))
-		d.UseNumber()
-		var key map[string]any
-		if err := d.Decode(&key); err != nil {
-			return nil, fmt.Errorf("row key %s: %w", r.Key, err)
+		// Keys are stored as written, canonical (streams.CVRRowKey).
+		if !json.Valid(r.Key) {
+			return nil, fmt.Errorf("row key %s of %s is not JSON", r.Key, r.Table)
 		}
-		id, err := keyID(r.Table, key)
-		if err != nil {
-			return nil, err
-		}
-		c.rows[id] = &rowRecord{table: r.Table, id: key, rowVersion: r.RowVersion, refs: r.Refs, patchVersion: r.PatchVersion}
+		id := keyID(r.Table, r.Key)
+		c.rows[id] = &rowRecord{table: r.Table, key: id[len(r.Table)+1:], rowVersion: r.RowVersion, refs: r.Refs, patchVersion: r.PatchVersion}
 	}
 	return c, nil
 }
@@ -262,12 +261,10 @@ func rowEvents(c *cvr, u *update) ([]streams.CVREvent, error) {
 			st.patchVersion == rec.patchVersion && (st.refs == nil) == (rec.refs == nil) && maps.Equal(st.refs, rec.refs) {
 			continue
 		}
-		key, err := streams.CVRRowKey(rec.id)
-		if err != nil {
-			return nil, err
-		}
+		// Publish applies the events after it returns: they may share
+		// the record's refs, which are replaced, never changed (addRef).
 		evs = append(evs, streams.CVREvent{Op: streams.CVROpPutRow, Row: &streams.CVRRow{
-			Table: rec.table, Key: key, RowVersion: rec.rowVersion, PatchVersion: rec.patchVersion, Refs: maps.Clone(rec.refs),
+			Table: rec.table, Key: json.RawMessage(rec.key), RowVersion: rec.rowVersion, PatchVersion: rec.patchVersion, Refs: rec.refs,
 		}})
 	}
 	return evs, nil

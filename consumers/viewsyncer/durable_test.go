@@ -3,12 +3,14 @@ package viewsyncer
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -317,5 +319,51 @@ func TestDurable_ReplicaChanged(t *testing.T) {
 	c = connect(t, e, dialOpts{group: "g", client: "c2", init: initFrame(testSchema, put("a", issue7, 0))})
 	if p := c.hydrated(); countPrefix(p, "row ") != 2 {
 		t.Errorf("fresh hydration = %v; want the issue and its owner", p.patches)
+	}
+}
+
+func TestServer_Drain(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 30, durable: true})
+	var clients []*tc
+	for _, g := range []string{"g1", "g2", "g3"} {
+		c := connect(t, e, dialOpts{group: g, client: "c1", init: initFrame(testSchema, put("a", issue7, 0))})
+		c.hydrated()
+		clients = append(clients, c)
+	}
+	e.sy.drain()
+	// Each client is closed plainly, as zero-cache's drain does, and its
+	// group's lease is given up for a peer to take at once.
+	for i, c := range clients {
+		c.expectClose(closeNormal)
+		o, err := e.sy.store.Owner(context.Background(), fmt.Sprintf("g%d", i+1))
+		if err != nil || o.ID != "" {
+			t.Errorf("g%d owner after the drain = %+v, %v; want none", i+1, o, err)
+		}
+	}
+	// A connection that arrives while the server shuts down goes elsewhere.
+	c := connect(t, e, dialOpts{group: "g1", client: "c1", init: initFrame("")})
+	c.expectError(kindRehome, "Reconnect required", closeNormal)
+}
+
+func TestDurable_Purged(t *testing.T) {
+	o := envOptions{issues: 30, durable: true, groupIdle: 50 * time.Millisecond,
+		gc: cvrstore.GCConfig{Inactivity: 100 * time.Millisecond, Interval: 50 * time.Millisecond, BatchSize: 25}}
+	e := newEnv(t, o)
+	c := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("a", issue7, 0))})
+	first := c.hydrated()
+	c.ws.Close()
+	waitFor(t, "garbage collection to purge the group", func() bool {
+		st, err := e.sy.store.Load(context.Background(), "g", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := st.State(context.Background())
+		return err == nil && s.Instance.Deleted
+	})
+	// Whether it has a cookie or not, a client of the purged group is
+	// told so as zero-cache tells it.
+	for _, base := range []string{first.cookie, ""} {
+		c = connect(t, e, dialOpts{group: "g", client: "c2", base: base, init: initFrame("")})
+		c.expectError(kindClientNotFound, "Client has been purged due to inactivity", closeNormal)
 	}
 }

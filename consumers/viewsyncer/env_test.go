@@ -68,6 +68,8 @@ type envOptions struct {
 	durable bool
 	// groupIdle and leaseTTL default to the server's and store's.
 	groupIdle, leaseTTL time.Duration
+	// gc configures the durable store's garbage collection.
+	gc cvrstore.GCConfig
 }
 
 // syncer is one view-syncer over the env's replica.
@@ -79,8 +81,9 @@ type syncer struct {
 	http  *httptest.Server
 	// stop shuts it down as on SIGTERM; crash as on SIGKILL: its leases
 	// are left to expire. Both wait for Run to return and may be called
-	// again.
-	stop, crash func()
+	// again. drain ends Run alone, its HTTP server still up, and waits
+	// for it.
+	stop, crash, drain func()
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -135,7 +138,7 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	mux.HandleFunc("GET /metrics", func(http.ResponseWriter, *http.Request) {})
 	s.http = httptest.NewUnstartedServer(mux)
 	cfg := Config{ReplicaFile: e.file, Replica: e.cons, Shard: e.shard, AuthSecret: o.secret, GroupIdle: o.groupIdle,
-		Logger: e.log.With("syncer", id)}
+		GC: o.gc, Logger: e.log.With("syncer", id)}
 	if o.durable {
 		store, err := cvrstore.Open(context.Background(), cvrstore.Config{
 			JS: js, Shard: e.shard, File: filepath.Join(e.cvrDir, id+"-cvr.db"), OwnerID: id,
@@ -158,6 +161,12 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
+	wait := sync.OnceFunc(func() {
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	s.drain = func() { cancel(); wait() }
 	var once sync.Once
 	halt := func(crash bool) {
 		once.Do(func() {
@@ -169,9 +178,7 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 			s.http.CloseClientConnections()
 			s.http.Close()
 			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
+			wait()
 			srv.Close()
 			if s.store != nil {
 				s.store.Close()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"reflect"
 	"sort"
 	"sync"
 	"time"
@@ -42,6 +41,9 @@ type group struct {
 	// the pipelines, so the group is dropped and its clients start over.
 	broken    bool
 	pipelines map[string]*pipeline
+	// oneRef holds, per query, the refs map of the rows only it holds,
+	// which they share (addRef).
+	oneRef map[string]map[string]int
 	// conns holds the newest connection of each client; ready ones get
 	// pokes.
 	conns map[string]*conn
@@ -62,6 +64,9 @@ type group struct {
 	// leaseDone, if not nil, is closed when the store lost the group's
 	// ownership. Set before the group is published; read without mu.
 	leaseDone <-chan struct{}
+	// syncTime is the time config changes spent syncing (hydrating) the
+	// group, which paces the drain.
+	syncTime time.Duration
 	// loaded is closed once cvr is set, or loadErr; both are set under
 	// the server's mu before.
 	loaded  chan struct{}
@@ -109,7 +114,7 @@ type update struct {
 type rowStart struct {
 	live    bool
 	version string
-	value   zql.Row
+	value   zql.RowValue
 	// existed, patchVersion and refs are the record as the update found
 	// it, so that a durable store writes only the records that changed.
 	existed      bool
@@ -146,7 +151,7 @@ func (u *update) touchRow(id string, rec *rowRecord) {
 	}
 	var st rowStart
 	if rec != nil {
-		st = rowStart{existed: true, version: rec.rowVersion, patchVersion: rec.patchVersion, refs: maps.Clone(rec.refs)}
+		st = rowStart{existed: true, version: rec.rowVersion, patchVersion: rec.patchVersion, refs: rec.refs} // never changed in place
 		if rec.refs != nil {
 			st.live, st.value = true, rec.value
 		}
@@ -489,7 +494,7 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 	for id := range p.rows {
 		rec := g.cvr.rows[id]
 		u.touchRow(id, rec)
-		delete(rec.refs, p.hash)
+		delRef(rec, p.hash)
 	}
 	delete(g.pipelines, p.hash)
 	if q := g.cvr.queries[p.hash]; q != nil && q.got {
@@ -507,16 +512,15 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 	}
 	g.s.metrics.hydrations.Inc()
 	g.s.metrics.rowsRead.Add(float64(res.RowsRead))
-	tables := make([]string, 0, len(res.Rows))
-	for t := range res.Rows {
+	tables := make([]string, 0, len(res.Values))
+	for t := range res.Values {
 		tables = append(tables, t)
 	}
 	sort.Strings(tables)
 	now := make(map[string]struct{}, res.Len())
 	for _, table := range tables {
-		pk := snap.schema.tables[table].pk
-		for i, r := range res.Rows[table] {
-			id, key, err := rowID(table, pk, r)
+		for _, r := range res.Values[table] {
+			id, key, err := rowID(r)
 			if err != nil {
 				return err
 			}
@@ -527,21 +531,18 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 			rec := g.cvr.rows[id]
 			u.touchRow(id, rec)
 			if rec == nil {
-				rec = &rowRecord{table: table, id: key}
+				rec = &rowRecord{table: table, key: key}
 				g.cvr.rows[id] = rec
 			}
-			if rec.refs == nil {
-				rec.refs = map[string]int{}
-			}
-			rec.refs[p.hash] = 1
-			rec.value, rec.rowVersion = r, res.Versions[table][i]
+			g.addRef(rec, p.hash)
+			rec.value, rec.rowVersion = r, r.Version()
 		}
 	}
 	for id := range p.rows {
 		if _, ok := now[id]; !ok {
 			rec := g.cvr.rows[id]
 			u.touchRow(id, rec)
-			delete(rec.refs, p.hash)
+			delRef(rec, p.hash)
 		}
 	}
 	p.rows = now
@@ -560,9 +561,8 @@ func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeli
 		g.s.metrics.fallbacks.Inc()
 	}
 	for _, table := range sortedKeys(d.Del) {
-		pk := snap.schema.tables[table].pk
 		for _, r := range d.Del[table] {
-			id, _, err := rowID(table, pk, r)
+			id, _, err := rowID(r)
 			if err != nil {
 				return err
 			}
@@ -571,32 +571,70 @@ func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeli
 			}
 			rec := g.cvr.rows[id]
 			u.touchRow(id, rec)
-			delete(rec.refs, p.hash)
+			delRef(rec, p.hash)
 			delete(p.rows, id)
 		}
 	}
-	for _, table := range sortedKeys(d.Put.Rows) {
-		pk := snap.schema.tables[table].pk
-		for i, r := range d.Put.Rows[table] {
-			id, key, err := rowID(table, pk, r)
+	for _, table := range sortedKeys(d.Put.Values) {
+		for _, r := range d.Put.Values[table] {
+			id, key, err := rowID(r)
 			if err != nil {
 				return err
 			}
 			rec := g.cvr.rows[id]
 			u.touchRow(id, rec)
 			if rec == nil {
-				rec = &rowRecord{table: table, id: key}
+				rec = &rowRecord{table: table, key: key}
 				g.cvr.rows[id] = rec
 			}
-			if rec.refs == nil {
-				rec.refs = map[string]int{}
-			}
-			rec.refs[p.hash] = 1
-			rec.value, rec.rowVersion = r, d.Put.Versions[table][i]
+			g.addRef(rec, p.hash)
+			rec.value, rec.rowVersion = r, r.Version()
 			p.rows[id] = struct{}{}
 		}
 	}
 	return nil
+}
+
+// A row's refs map is never changed in place, only replaced (addRef,
+// delRef), so that the rows one query holds share one map: a whole-table
+// query's 100k rows hold one instead of 100k. Updates and store events
+// may then keep a record's refs without copying them.
+
+// addRef makes the query hash hold rec.
+func (g *group) addRef(rec *rowRecord, hash string) {
+	if rec.refs[hash] == 1 {
+		return
+	}
+	if len(rec.refs) == 0 {
+		one := g.oneRef[hash]
+		if one == nil {
+			one = map[string]int{hash: 1}
+			if g.oneRef == nil {
+				g.oneRef = map[string]map[string]int{}
+			}
+			g.oneRef[hash] = one
+		}
+		rec.refs = one
+		return
+	}
+	m := maps.Clone(rec.refs)
+	m[hash] = 1
+	rec.refs = m
+}
+
+// delRef makes the query hash no longer hold rec; the refs of a row no
+// query holds any more are empty, not nil, until finishRows.
+func delRef(rec *rowRecord, hash string) {
+	if _, ok := rec.refs[hash]; !ok {
+		return
+	}
+	m := make(map[string]int, len(rec.refs)-1)
+	for h, n := range rec.refs {
+		if h != hash {
+			m[h] = n
+		}
+	}
+	rec.refs = m
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -616,7 +654,7 @@ func (g *group) finishRows(u *update, compareValues bool) {
 		st, rec := u.rowStart[id], g.cvr.rows[id]
 		live := len(rec.refs) > 0
 		switch {
-		case live && (!st.live || rec.rowVersion != st.version || compareValues && st.value != nil && !reflect.DeepEqual(rec.value, st.value)):
+		case live && (!st.live || rec.rowVersion != st.version || compareValues && !st.value.IsZero() && !rec.value.Equal(st.value)):
 			rec.patchVersion = u.v()
 			u.rows = append(u.rows, id)
 		case !live && st.live:
@@ -779,9 +817,12 @@ func (g *group) addRow(pc *pokeContent, rec *rowRecord) {
 		if rec.refs == nil {
 			return
 		}
-		cid, _ := rec.value["clientID"].(string)
-		lmid, ok := rec.value["lastMutationID"].(float64)
-		if cgid, _ := rec.value["clientGroupID"].(string); cid == "" || !ok || cgid != g.id {
+		if rec.value.IsZero() {
+			return
+		}
+		cid, _ := rec.value.Get("clientID").(string)
+		lmid, ok := rec.value.Get("lastMutationID").(float64)
+		if cgid, _ := rec.value.Get("clientGroupID").(string); cid == "" || !ok || cgid != g.id {
 			return
 		}
 		if pc.lmids == nil {
@@ -791,44 +832,30 @@ func (g *group) addRow(pc *pokeContent, rec *rowRecord) {
 		return
 	}
 	if rec.refs == nil {
-		pc.rows = append(pc.rows, rowPatch{Op: "del", TableName: rec.table, ID: rec.id})
+		pc.rows = append(pc.rows, rowPatch{Op: "del", TableName: rec.table, ID: json.RawMessage(rec.key)})
 		return
 	}
 	pc.rows = append(pc.rows, rowPatch{Op: "put", TableName: rec.table, Value: rec.value})
 }
 
-// rowID is a row's identity in the CVR: its table and primary-key values.
-func rowID(table string, pk []string, r zql.Row) (string, map[string]any, error) {
-	if len(pk) == 1 {
-		// The common key: one string, which JSON would quote.
-		if s, ok := r[pk[0]].(string); ok {
-			return table + "\x00\"" + s, map[string]any{pk[0]: s}, nil
-		}
+// rowID is a row's identity in the CVR, its table and primary key, and
+// its key as canonical JSON, which the ID ends with.
+func rowID(r zql.RowValue) (id, key string, err error) {
+	var buf [64]byte
+	b := append(buf[:0], r.Table()...)
+	b = append(b, 0)
+	b, err = r.AppendKeyJSON(b)
+	if err != nil {
+		return "", "", fmt.Errorf("row key of %s: %w", r.Table(), err)
 	}
-	key := make(map[string]any, len(pk))
-	for _, c := range pk {
-		key[c] = r[c]
-	}
-	id, err := keyID(table, key)
-	return id, key, err
+	id = string(b)
+	return id, id[len(r.Table())+1:], nil
 }
 
-// keyID is the identity of the row of table with primary key key: the
-// same whether key came from the replica or from the durable store, whose
-// keys are JSON objects (numbers as json.Number keep their literal).
-func keyID(table string, key map[string]any) (string, error) {
-	if len(key) == 1 {
-		for _, v := range key {
-			if s, ok := v.(string); ok {
-				return table + "\x00\"" + s, nil
-			}
-		}
-	}
-	b, err := json.Marshal(key) // sorted keys: independent of column order
-	if err != nil {
-		return "", fmt.Errorf("row key of %s: %w", table, err)
-	}
-	return table + "\x00" + string(b), nil
+// keyID is the identity of the row of table whose canonical key JSON is
+// key, as rowID makes it.
+func keyID(table string, key []byte) string {
+	return table + "\x00" + string(key)
 }
 
 func intersects(a, b map[string]bool) bool {

@@ -204,6 +204,10 @@ func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot) err
 		}
 	}
 	if snap != nil {
+		// Config syncs hydrate the group's new queries: their time paces
+		// the drain (Server.drain).
+		start := time.Now()
+		defer func() { g.syncTime += time.Since(start) }()
 		return g.syncAt(ctx, snap)
 	}
 	if !changed {

@@ -282,13 +282,6 @@ type queryPatch struct {
 	Hash string `json:"hash"`
 }
 
-type rowPatch struct {
-	Op        string         `json:"op"`
-	TableName string         `json:"tableName"`
-	Value     map[string]any `json:"value,omitempty"`
-	ID        map[string]any `json:"id,omitempty"`
-}
-
 type pokePartBody struct {
 	PokeID                string                  `json:"pokeID"`
 	LastMutationIDChanges map[string]float64      `json:"lastMutationIDChanges,omitempty"`

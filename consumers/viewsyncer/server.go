@@ -21,6 +21,7 @@ import (
 	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,6 +85,10 @@ type Config struct {
 	// GroupIdle is how long a group without connections keeps its
 	// pipelines and lease; DefaultGroupIdle when 0.
 	GroupIdle time.Duration
+	// GC, when CVR is set and GC.BatchSize is not 0, has Run purge the
+	// groups inactive longer than GC.Inactivity (cvrstore.Purger); peers
+	// sharing the CVR stream take turns.
+	GC cvrstore.GCConfig
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, gets the server's metrics.
@@ -123,6 +128,11 @@ func (c Config) Validate() error {
 	if c.GroupIdle < 0 {
 		return errors.New("group idle time must not be negative")
 	}
+	if c.CVR != nil && c.GC.BatchSize != 0 {
+		if err := c.GC.Validate(); err != nil {
+			return err
+		}
+	}
 	return c.validateAuth()
 }
 
@@ -132,10 +142,14 @@ type Server struct {
 	log          *slog.Logger
 	db           *sql.DB
 	store        cvrStore
-	auth         *tokenVerifier // nil: no key configured
+	purger       *cvrstore.Purger // nil: no garbage collection
+	auth         *tokenVerifier   // nil: no key configured
 	metrics      *metrics
 	clientsTable string
 	permsTable   string
+
+	// draining is set once Run ends: new connections are sent away.
+	draining atomic.Bool
 
 	mu     sync.Mutex
 	groups map[string]*group
@@ -164,14 +178,21 @@ func New(cfg Config) (*Server, error) {
 	db.SetMaxOpenConns(DefaultReadConns)
 	log := cfg.Logger.With("component", "view-syncer")
 	var store cvrStore = newMemStore()
+	var purger *cvrstore.Purger
 	if cfg.CVR != nil {
 		store = &durableStore{s: cfg.CVR, log: log}
+		if cfg.GC.BatchSize != 0 {
+			if purger, err = cfg.CVR.NewPurger(cfg.GC); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return &Server{
 		cfg:          cfg,
 		log:          log,
 		db:           db,
 		store:        store,
+		purger:       purger,
 		auth:         auth,
 		metrics:      m,
 		clientsTable: projreplica.TableName(cfg.Shard.ID(), "clients"),
@@ -209,6 +230,13 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Go(func() {
 			if err := s.cfg.CVR.Run(ctx); err != nil {
 				s.log.Error("cvr leases", "err", err)
+			}
+		})
+	}
+	if s.purger != nil {
+		wg.Go(func() {
+			if err := s.purger.Run(ctx); err != nil {
+				s.log.Error("cvr garbage collection", "err", err)
 			}
 		})
 	}
@@ -355,29 +383,64 @@ func (s *Server) groupList() []*group {
 	return out
 }
 
-// closeAll closes every connection and unloads every group, giving its
-// lease up so that a peer can serve it at once (zero-cache's drain: a
-// plain close, and the clients reconnect).
+// Drain pacing (zero-cache's drain-coordinator.ts): after a group's
+// clients are sent away, the next group waits the group's hydration time
+// divided by drainUtilization, so that the servers they reconnect to are
+// not swamped. jetsync bounds each wait and the whole drain, which must
+// end before the orchestrator's kill.
+const (
+	drainUtilization = 0.6
+	drainPadding     = 2 * time.Millisecond
+	maxDrainPause    = time.Second
+	maxDrain         = 10 * time.Second
+)
+
+// closeAll drains the server: group by group, paced, it stops the group,
+// persists its TTL clock, gives its lease up, so that a peer can serve it
+// at once, and closes its connections with a plain close, on which the
+// clients reconnect (zero-cache's drain). Connections that arrive
+// meanwhile are sent away with Rehome.
 func (s *Server) closeAll() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, g := range s.groupList() {
-		g.mu.Lock()
-		for _, c := range g.conns {
-			c.ready = false
-			c.closeQuietly()
+	s.draining.Store(true)
+	groups := s.groupList()
+	if len(groups) == 0 {
+		return
+	}
+	start := time.Now()
+	s.log.Info("draining client groups", "groups", len(groups))
+	for i, g := range groups {
+		pause := s.drainGroup(g)
+		if i == len(groups)-1 {
+			break
 		}
-		unload := !g.unloaded
-		if unload {
-			g.persistClock(ctx)
-			g.unloaded = true
-		}
-		g.mu.Unlock()
-		s.removeGroup(g)
-		if unload {
-			s.store.unload(ctx, g.cvr)
+		pause = min(time.Duration(float64(pause)/drainUtilization)+drainPadding, maxDrainPause, maxDrain-time.Since(start))
+		if pause > 0 {
+			time.Sleep(pause)
 		}
 	}
+	s.log.Info("drained client groups", "groups", len(groups), "elapsed", time.Since(start).Round(time.Millisecond))
+}
+
+// drainGroup unloads g and closes its connections; it returns the time g
+// spent hydrating, which its clients' reconnection costs elsewhere.
+func (s *Server) drainGroup(g *group) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, c := range g.conns {
+		c.ready = false
+	}
+	if !g.unloaded {
+		g.persistClock(ctx)
+		g.unloaded = true
+		s.removeGroup(g)
+		s.store.unload(ctx, g.cvr)
+	}
+	for _, c := range g.conns {
+		c.closeQuietly()
+	}
+	return g.syncTime
 }
 
 func (s *Server) removeGroup(g *group) {

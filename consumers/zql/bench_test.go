@@ -95,8 +95,8 @@ func BenchmarkView_UpdateOneRow(b *testing.B) {
 					b.Fatal(err)
 				}
 				ids := make([]string, 0, 50)
-				for _, r := range res.Rows["issue"][:50] {
-					ids = append(ids, r["id"].(string))
+				for _, r := range res.Values["issue"][:50] {
+					ids = append(ids, r.Get("id").(string))
 				}
 				rows, i := 0, 0
 				for b.Loop() {

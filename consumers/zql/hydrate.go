@@ -22,12 +22,15 @@ type Querier interface {
 // schema and no _0_version.
 type Row map[string]any
 
-// Result is the set of rows a query syncs.
+// Result is the set of rows a query syncs: in Rows and Versions from
+// Query.Hydrate, in Values from a View.
 type Result struct {
 	// Rows holds them per table, each primary key once.
 	Rows map[string][]Row
 	// Versions holds each row's _0_version, parallel to Rows.
 	Versions map[string][]string
+	// Values holds a View's rows per table, each primary key once.
+	Values map[string][]RowValue
 	// RowsRead counts the rows read from the replica to compute it.
 	RowsRead int
 }
@@ -36,6 +39,9 @@ type Result struct {
 func (r *Result) Len() int {
 	n := 0
 	for _, rows := range r.Rows {
+		n += len(rows)
+	}
+	for _, rows := range r.Values {
 		n += len(rows)
 	}
 	return n

@@ -44,6 +44,9 @@ type table struct {
 	pk     []int
 	// selectSQL reads every column plus the row version.
 	selectSQL string
+	// byNameOrder and pkNameOrder are the columns', and the primary key's,
+	// indexes in name order: the order JSON objects list them in.
+	byNameOrder, pkNameOrder []int
 }
 
 func (s Schema) table(name string) (*table, error) {
@@ -78,6 +81,7 @@ func (s Schema) table(name string) (*table, error) {
 		}
 		t.pk = append(t.pk, i)
 	}
+	t.byNameOrder, t.pkNameOrder = sortedCols(t, nil), sortedCols(t, t.pk)
 	return t, nil
 }
 

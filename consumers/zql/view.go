@@ -19,10 +19,10 @@ type Change struct {
 
 // Diff is what an Update changed in a view's result.
 type Diff struct {
-	// Put holds the rows that joined the result or changed, with versions.
+	// Put holds, in Values, the rows that joined the result or changed.
 	Put *Result
 	// Del holds, per table, the rows that left it, as they were.
-	Del map[string][]Row
+	Del map[string][]RowValue
 	// Rehydrated reports that the view re-ran its whole query.
 	Rehydrated bool
 	// RowsRead counts the rows read from the replica.
@@ -149,23 +149,33 @@ func (v *View) Hydrate(ctx context.Context, q Querier) (*Result, error) {
 	return res, nil
 }
 
-// Result returns every row the view holds: scalar companions first, then
-// each root row's, in window order.
+// Result returns every row the view holds, in Values: scalar companions
+// first, then each root row's, in window order.
 func (v *View) Result() *Result {
-	res := &Result{Rows: map[string][]Row{}, Versions: map[string][]string{}}
-	seen := make(map[string]bool, len(v.held))
+	res := &Result{Values: map[string][]RowValue{}}
+	// A view whose root rows each bring only themselves, and no scalar
+	// companions, holds each row once: it needs no dedup.
+	dedup := v.scalarRows != nil && len(v.scalarRows.rows) > 0 || len(v.held) != len(v.win)
+	for i := 0; i < len(v.win) && !dedup; i++ {
+		dedup = len(v.win[i].rows) != 1
+	}
+	var seen map[string]bool
+	if dedup {
+		seen = make(map[string]bool, len(v.held))
+	}
 	emit := func(e *entry) {
 		if e == nil {
 			return
 		}
 		for _, hk := range e.rows {
-			if seen[hk] {
-				continue
+			if dedup {
+				if seen[hk] {
+					continue
+				}
+				seen[hk] = true
 			}
-			seen[hk] = true
 			hr := v.held[hk]
-			res.Rows[hr.t.name] = append(res.Rows[hr.t.name], hr.t.clientRow(hr.r))
-			res.Versions[hr.t.name] = append(res.Versions[hr.t.name], hr.r.version)
+			res.Values[hr.t.name] = append(res.Values[hr.t.name], RowValue{hr.t, hr.r})
 		}
 	}
 	emit(v.scalarRows)
@@ -338,16 +348,15 @@ func (tr *tracker) touch(hk string, hr *held) {
 }
 
 func (v *View) diff(tr *tracker, rowsRead int) *Diff {
-	d := &Diff{Put: &Result{Rows: map[string][]Row{}, Versions: map[string][]string{}}, Del: map[string][]Row{}, RowsRead: rowsRead}
+	d := &Diff{Put: &Result{Values: map[string][]RowValue{}}, Del: map[string][]RowValue{}, RowsRead: rowsRead}
 	for _, hk := range tr.order {
 		was, now := tr.before[hk], v.held[hk]
 		switch {
 		case now != nil && (was == nil || rowChanged(was, now.r)):
-			d.Put.Rows[now.t.name] = append(d.Put.Rows[now.t.name], now.t.clientRow(now.r))
-			d.Put.Versions[now.t.name] = append(d.Put.Versions[now.t.name], now.r.version)
+			d.Put.Values[now.t.name] = append(d.Put.Values[now.t.name], RowValue{now.t, now.r})
 		case now == nil && was != nil:
 			t := tr.tables[hk]
-			d.Del[t.name] = append(d.Del[t.name], t.clientRow(was))
+			d.Del[t.name] = append(d.Del[t.name], RowValue{t, was})
 		}
 	}
 	return d

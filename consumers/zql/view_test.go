@@ -87,6 +87,12 @@ func sameRows(a, b *Result) string {
 				m[table+" "+pkString(table, row)] = fmt.Sprint(row)
 			}
 		}
+		for table, rows := range r.Values {
+			for _, v := range rows {
+				row := v.Row()
+				m[table+" "+pkString(table, row)] = fmt.Sprint(row)
+			}
+		}
 		return m
 	}
 	fa, fb := flat(a), flat(b)
@@ -124,14 +130,19 @@ func applyDiff(prev *Result, d *Diff) *Result {
 			put(table, r)
 		}
 	}
-	for table, rows := range d.Put.Rows {
+	for table, rows := range prev.Values {
 		for _, r := range rows {
-			put(table, r)
+			put(table, r.Row())
+		}
+	}
+	for table, rows := range d.Put.Values {
+		for _, r := range rows {
+			put(table, r.Row())
 		}
 	}
 	for table, rows := range d.Del {
 		for _, r := range rows {
-			delete(m[table], pkString(table, r))
+			delete(m[table], pkString(table, r.Row()))
 		}
 	}
 	out := &Result{Rows: map[string][]Row{}}
@@ -279,7 +290,7 @@ func TestView_Random(t *testing.T) {
 				if d.Rehydrated {
 					rehydrated++
 				}
-				if len(d.Del) > 0 || len(d.Put.Rows) > 0 {
+				if len(d.Del) > 0 || len(d.Put.Values) > 0 {
 					changed++
 				}
 				got := v.Result()
@@ -379,14 +390,14 @@ func TestView_BoundedWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := res.Rows["issue"][0]["id"].(string)
+	first := res.Values["issue"][0].Get("id").(string)
 	for _, tc := range []struct{ name, set, id string }{
 		{"LeavesWindow", "modified = 1e15", first},
-		{"Closes", "open = 0", res.Rows["issue"][1]["id"].(string)},
+		{"Closes", "open = 0", res.Values["issue"][1].Get("id").(string)},
 		{"EntersWindow", "modified = 0, open = 1", "i0099999"},
-		{"MovesWithin", "modified = 1", res.Rows["issue"][10]["id"].(string)},
+		{"MovesWithin", "modified = 1", res.Values["issue"][10].Get("id").(string)},
 		{"OutsideWindow", "modified = modified + 1", "i0050000"},
-		{"Deleted", "", res.Rows["issue"][3]["id"].(string)},
+		{"Deleted", "", res.Values["issue"][3].Get("id").(string)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			old := readIssue(t, tx, tc.id)

@@ -6,7 +6,9 @@
 // may be open at once, and instances with the same userID and storageKey
 // share their 'mem' storage, as two tabs share IndexedDB):
 //   {"cmd":"open","client":"a","server":"http://127.0.0.1:4848","userID":"u1",
-//    "auth":"<jwt>","storageKey":"k","pingTimeoutMs":5000,"logLevel":"error"}
+//    "auth":"<jwt>","storageKey":"k","pingTimeoutMs":5000,"logLevel":"error",
+//    "wire":true}
+//      wire reports the client's sockets and the frames it receives (below)
 //   {"cmd":"query","client":"a","id":"q1","ttl":"1s", <query>}
 //      <query> is {"shape":"openByModified","args":{...}} (app/queries.mjs) or
 //      {"table":"issue","where":W,"orderBy":[["modified","desc"]],"limit":10,
@@ -31,12 +33,49 @@
 //   {"event":"rows","client":...,"id":...,"rows":[...]|{...}|null,"resultType":"complete","complete":true}
 //      after every change of a materialized view
 //   {"event":"update-needed"|"client-state-not-found","client":...,"reason":...}
+//   With "wire" (the fields are those the Go side already decodes):
+//   {"event":"ws","client":...,"state":"open","reason":{"url":...,"baseCookie":...|null}}
+//   {"event":"ws","client":...,"state":"close","reason":{"code":1000,"reason":"..."}}
+//   {"event":"frame","client":...,"id":"<tag, e.g. pokeStart>","rows":<body>}
+//      every downstream message the client receives, in order
 import readline from 'node:readline';
 import {Zero} from '@rocicorp/zero';
 import {schema} from './app/schema.mjs';
 import {shapes} from './app/queries.mjs';
 
 const clients = new Map();
+
+// wired maps the clientID of a client opened with "wire" to its name. Zero
+// looks the WebSocket global up for each connection, so wrapping it here
+// sees every socket; unwired clients' sockets are left alone.
+const wired = new Map();
+const BaseWebSocket = globalThis.WebSocket;
+globalThis.WebSocket = class extends BaseWebSocket {
+  constructor(url, protocols) {
+    super(url, protocols);
+    let u;
+    try {
+      u = new URL(String(url));
+    } catch {
+      return;
+    }
+    const name = wired.get(u.searchParams.get('clientID'));
+    if (name === undefined) return;
+    emit({event: 'ws', client: name, state: 'open',
+      reason: {url: u.origin + u.pathname, baseCookie: u.searchParams.get('baseCookie') || null}});
+    this.addEventListener('message', e => {
+      let f;
+      try {
+        f = JSON.parse(String(e.data));
+      } catch {
+        return;
+      }
+      if (Array.isArray(f)) emit({event: 'frame', client: name, id: f[0], rows: f[1] ?? null});
+    });
+    this.addEventListener('close', e =>
+      emit({event: 'ws', client: name, state: 'close', reason: {code: e.code, reason: e.reason}}));
+  }
+};
 
 function emit(ev) {
   process.stdout.write(JSON.stringify(ev) + '\n');
@@ -108,6 +147,7 @@ function open(c) {
   });
   const views = new Map();
   clients.set(name, {z, views});
+  if (c.wire) wired.set(z.clientID, name);
   // subscribe() also reports the current state: report each change once.
   let last;
   const onState = s => {

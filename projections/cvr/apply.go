@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/jetsync/jetsync/streams"
 )
@@ -82,10 +85,21 @@ func Apply(ctx context.Context, tx *sql.Tx, seq uint64, m *streams.CVRMessage) (
 	if _, err := tx.ExecContext(ctx, `INSERT INTO instances (groupID) VALUES (?) ON CONFLICT DO NOTHING`, m.Group); err != nil {
 		return false, fmt.Errorf("apply cvr: %w", err)
 	}
-	for i := range m.Events {
+	for i := 0; i < len(m.Events); {
+		// Runs of put-row events, nearly all of a hydration's update, go
+		// in multi-row statements: one statement per row costs several
+		// times more than the insert itself.
+		if n := putRowRun(m.Events[i:]); n > 1 {
+			if err := a.putRows(m.Events[i : i+n]); err != nil {
+				return false, fmt.Errorf("apply cvr events %d to %d (put-row) of group %q: %w", i, i+n-1, m.Group, err)
+			}
+			i += n
+			continue
+		}
 		if err := a.event(&m.Events[i]); err != nil {
 			return false, fmt.Errorf("apply cvr event %d (%s) of group %q: %w", i, m.Events[i].Op, m.Group, err)
 		}
+		i++
 	}
 	// The update's version becomes the group's once it is complete, so that
 	// an update needs no instance event to record it.
@@ -116,6 +130,11 @@ func (a *applier) close() {
 }
 
 func (a *applier) exec(query string, args ...any) error {
+	return a.execArgs(query, append([]any{a.group}, args...))
+}
+
+// execArgs runs query, prepared once per applier, with args as they are.
+func (a *applier) execArgs(query string, args []any) error {
 	s := a.stmts[query]
 	if s == nil {
 		var err error
@@ -127,7 +146,7 @@ func (a *applier) exec(query string, args ...any) error {
 		}
 		a.stmts[query] = s
 	}
-	_, err := s.ExecContext(a.ctx, append([]any{a.group}, args...)...)
+	_, err := s.ExecContext(a.ctx, args...)
 	return err
 }
 
@@ -170,21 +189,95 @@ func (a *applier) event(e *streams.CVREvent) error {
 	case streams.CVROpDelDesire:
 		return a.exec(`DELETE FROM desires WHERE groupID = ?1 AND clientID = ?2 AND hash = ?3`, e.Desire.ClientID, e.Desire.Hash)
 	case streams.CVROpPutRow:
-		r := e.Row
-		var refs sql.NullString
-		if r.Refs != nil {
-			b, err := json.Marshal(r.Refs)
-			if err != nil {
-				return err
-			}
-			refs = sql.NullString{String: string(b), Valid: true}
-		}
-		return a.exec(`INSERT OR REPLACE INTO rows (groupID, tbl, key, rowVersion, patchVersion, refs) VALUES (?1, ?2, ?3, ?4, ?5, ?6)`,
-			r.Table, rawText(r.Key), r.RowVersion, r.PatchVersion, refs)
+		return a.putRows([]streams.CVREvent{*e})
 	case streams.CVROpDelRow:
 		return a.exec(`DELETE FROM rows WHERE groupID = ?1 AND tbl = ?2 AND key = ?3`, e.Row.Table, rawText(e.Row.Key))
 	}
 	return fmt.Errorf("%w: unknown cvr op %q", streams.ErrMalformed, e.Op)
+}
+
+// putRowsMax is how many rows one statement of putRows writes: 6
+// parameters each, well under SQLite's limit of 32,766.
+const putRowsMax = 200
+
+// putRowRun counts the put-row events that open evs.
+func putRowRun(evs []streams.CVREvent) int {
+	n := 0
+	for n < len(evs) && evs[n].Op == streams.CVROpPutRow {
+		n++
+	}
+	return n
+}
+
+// putRows applies put-row events, putRowsMax rows per statement.
+func (a *applier) putRows(evs []streams.CVREvent) error {
+	var args []any
+	for len(evs) > 0 {
+		n := min(len(evs), putRowsMax)
+		args = args[:0]
+		for _, e := range evs[:n] {
+			r := e.Row
+			var refs any
+			if r.Refs != nil {
+				b, err := refsJSON(r.Refs)
+				if err != nil {
+					return err
+				}
+				refs = b
+			}
+			args = append(args, a.group, r.Table, rawText(r.Key), r.RowVersion, r.PatchVersion, refs)
+		}
+		if err := a.execArgs(putRowsSQL(n), args); err != nil {
+			return err
+		}
+		evs = evs[n:]
+	}
+	return nil
+}
+
+var putRowsSQLs sync.Map // int → string
+
+// putRowsSQL is the statement that puts n rows. Its parameters are
+// anonymous: the driver looks each numbered one up by name, in time
+// proportional to their number.
+func putRowsSQL(n int) string {
+	if s, ok := putRowsSQLs.Load(n); ok {
+		return s.(string)
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT OR REPLACE INTO rows (groupID, tbl, key, rowVersion, patchVersion, refs) VALUES `)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?, ?, ?, ?, ?, ?)")
+	}
+	putRowsSQLs.Store(n, b.String())
+	return b.String()
+}
+
+// refsJSON is refs as encoding/json writes it (keys sorted), by hand for
+// the common keys that need no escaping.
+func refsJSON(refs map[string]int) (string, error) {
+	if len(refs) == 1 {
+		for k, v := range refs {
+			if plain(k) {
+				return `{"` + k + `":` + strconv.Itoa(v) + `}`, nil
+			}
+		}
+	}
+	b, err := json.Marshal(refs)
+	return string(b), err
+}
+
+// plain reports whether encoding/json writes s between quotes unchanged.
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 // rawText is raw JSON in the form the stream carries it (compact, HTML
@@ -195,9 +288,24 @@ func rawText(b json.RawMessage) any {
 	if b == nil {
 		return nil
 	}
+	if plainJSON(b) {
+		return string(b) // already compact, nothing to escape
+	}
 	n, err := json.Marshal(b)
 	if err != nil {
 		return string(b) // invalid JSON is stored as given; the decoder rejects it first
 	}
 	return string(n)
+}
+
+// plainJSON reports whether rawText may store b as it is: encoding/json
+// writes valid JSON with no whitespace, nothing HTML-escaped and nothing
+// beyond ASCII unchanged, and stores invalid JSON as given anyway.
+func plainJSON(b []byte) bool {
+	for _, c := range b {
+		if c <= 0x20 || c >= 0x7f || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }

@@ -14,7 +14,7 @@ FUZZTIME ?= 20s
 # leans on SQLite: those run one package at a time and without -race, since
 # modernc SQLite is 18-23x slower under it. e2e drives ./bin/jetsync and runs
 # last.
-RACE_PATTERNS := ./streams/... ./projections/... ./producers/pgvalue/... ./consumers/replica/... ./consumers/viewsyncer/...
+RACE_PATTERNS := ./streams/... ./projections/... ./producers/pgvalue/... ./consumers/replica/... ./consumers/viewsyncer/... ./consumers/connctx/... ./consumers/cvrstore/...
 list = $(shell $(GO) list -e $(1) 2>/dev/null | grep '^github.com/')
 RACE_PKGS   = $(call list,$(RACE_PATTERNS))
 ALL_PKGS    = $(call list,./...)
@@ -79,7 +79,7 @@ test-servers:
 	$(GO) test -p 1 -timeout 25m $(SERVER_PKGS)
 
 test-e2e: build
-	JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 10m ./e2e/...
+	JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 30m ./e2e/...
 
 # Plain `go test` prints one line per package with its duration, so a slow
 # package shows.

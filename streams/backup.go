@@ -58,6 +58,12 @@ const ReservationPrefix = "reserve."
 // (for as long as it lags less than the producer's protect max lag).
 const MetaProtect = "jetsync.protect"
 
+// MetaReplica is the consumer metadata key that, set to "true", marks the
+// durable consumer of a jetsync SQLite replica (a view-syncer, replicator or
+// backup replica): while it has a pull outstanding, the change stream is
+// never purged past its ack floor.
+const MetaReplica = "jetsync.replica"
+
 // DefaultReservationTTL is how long a reservation or purge lock lives
 // without a heartbeat.
 const DefaultReservationTTL = 90 * time.Second
@@ -212,7 +218,10 @@ func EnsureBackup(ctx context.Context, js jetstream.JetStream, c Config) (Backup
 	if err := c.Shard.Validate(); err != nil {
 		return b, err
 	}
-	var err error
+	c, err := c.WithReplicas(ctx, js)
+	if err != nil {
+		return b, err
+	}
 	if b.Snapshots, err = js.CreateOrUpdateObjectStore(ctx, c.SnapshotStoreConfig()); err != nil {
 		return b, fmt.Errorf("ensure object store %s: %w", c.Shard.SnapshotBucket(), err)
 	}

@@ -124,6 +124,10 @@ func EnsureCVR(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 	if err := c.Shard.Validate(); err != nil {
 		return nil, nil, err
 	}
+	c, err := c.WithReplicas(ctx, js)
+	if err != nil {
+		return nil, nil, err
+	}
 	s, err := js.CreateOrUpdateStream(ctx, c.CVRStreamConfig())
 	if err != nil {
 		return nil, nil, fmt.Errorf("ensure stream %s: %w", c.Shard.CVRStream(), err)

@@ -18,7 +18,7 @@ const DefaultDuplicates = 2 * time.Minute
 type Config struct {
 	Shard Shard
 	// Replicas is the JetStream replica count: 1 on the embedded server,
-	// 3 on a cluster.
+	// 3 on a cluster. Zero follows the change stream (WithReplicas).
 	Replicas int
 	// Duplicates is the dedup window; zero means DefaultDuplicates.
 	Duplicates time.Duration
@@ -59,9 +59,13 @@ func (c Config) StateBucketConfig() jetstream.KeyValueConfig {
 }
 
 // Ensure creates the change stream and state bucket, or brings existing ones
-// to this definition.
+// to this definition, scaling them to c's replica count (WithReplicas).
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Stream, jetstream.KeyValue, error) {
 	if err := c.Shard.Validate(); err != nil {
+		return nil, nil, err
+	}
+	c, err := c.WithReplicas(ctx, js)
+	if err != nil {
 		return nil, nil, err
 	}
 	s, err := js.CreateOrUpdateStream(ctx, c.ChangesStreamConfig())

@@ -1,0 +1,21 @@
+# The jetsync image for docker-compose.yml: one static binary (CGO_ENABLED=0:
+# the SQLite driver is pure Go) on Alpine, whose busybox wget serves the
+# compose health checks.
+FROM golang:1.26-alpine AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/jetsync ./cmd/jetsync
+
+FROM alpine:3.22
+RUN adduser -D -H -u 10001 jetsync && mkdir /data && chown jetsync /data
+COPY --from=build /out/jetsync /usr/local/bin/jetsync
+USER jetsync
+WORKDIR /data
+ENV JETSYNC_DATA_DIR=/data
+# 4848: the sync endpoint (view-syncer, proxy); 4849: the change-streamer's
+# health and metrics.
+EXPOSE 4848 4849
+VOLUME /data
+ENTRYPOINT ["jetsync"]

@@ -52,8 +52,8 @@ type upstreamFlags struct {
 }
 
 func (u *upstreamFlags) validate() error {
-	if u.streamReplicas < 1 || u.streamReplicas > 5 {
-		return usageError("stream replicas %d: want 1 to 5", u.streamReplicas)
+	if u.streamReplicas < 0 || u.streamReplicas > 5 {
+		return usageError("stream replicas %d: want 0 (automatic) to 5", u.streamReplicas)
 	}
 	if u.streamDuplicates < 0 {
 		return usageError("stream duplicates window %s: must not be negative", u.streamDuplicates)
@@ -70,7 +70,7 @@ func (u *upstreamFlags) register(fs *flag.FlagSet, e *env, usage string) {
 	fs.Var(secret{&u.upstreamDB}, "upstream-db", usage+" [ZERO_UPSTREAM_DB]")
 	fs.StringVar(&u.publications, "app-publications", e.str("ZERO_APP_PUBLICATIONS", ""), "comma-separated publications to replicate; default one covering the public schema [ZERO_APP_PUBLICATIONS]")
 	fs.IntVar(&u.copyWorkers, "initial-sync-table-copy-workers", e.int("ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS", 0), "parallel table copies of an initial sync; 0 means the default (5) [ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS]")
-	fs.IntVar(&u.streamReplicas, "stream-replicas", e.int("JETSYNC_STREAM_REPLICAS", 1), "JetStream replicas of the change stream and state bucket: 1 on one server, 3 on a cluster [JETSYNC_STREAM_REPLICAS]")
+	fs.IntVar(&u.streamReplicas, "stream-replicas", e.int("JETSYNC_STREAM_REPLICAS", 0), "JetStream replicas of the streams and buckets; 0 keeps what the change stream has, or picks 1 on one server and 3 on a cluster [JETSYNC_STREAM_REPLICAS]")
 	fs.DurationVar(&u.streamDuplicates, "stream-duplicates", e.duration("JETSYNC_STREAM_DUPLICATES", streams.DefaultDuplicates), "the change stream's JetStream dedup window; exactly-once does not rest on it [JETSYNC_STREAM_DUPLICATES]")
 }
 

@@ -13,12 +13,16 @@ import (
 
 const changeStreamerSummary = `Run the change-streamer alone against an external NATS server: Postgres
 logical replication from -upstream-db into the change stream, plus the backup
-replica this role keeps. Serves / and /metrics on -port.`
+replica this role keeps, restored from the newest snapshot when it is missing
+or behind, and snapshotted into the object store for view-syncers to restore
+(jetsync backup now asks for one). Serves / and /metrics on -port.`
 
 type changeStreamerFlags struct {
 	roleFlags
 	upstreamFlags
 	natsFlags
+	backup  backupFlags
+	restore restoreFlags
 }
 
 func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -30,6 +34,8 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	c.roleFlags.register(fs, e, DefaultPort+1, "backup-replica.db")
 	c.upstreamFlags.register(fs, e, "upstream Postgres `URL` (required)")
 	c.natsFlags.register(fs, e)
+	c.backup.register(fs, e)
+	c.restore.register(fs, e, true)
 	if err := parseFlags(fs, e, stdout, changeStreamerSummary, args); err != nil {
 		return err
 	}
@@ -37,6 +43,12 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	if err := c.upstreamFlags.validate(); err != nil {
+		return err
+	}
+	if err := c.backup.validate(); err != nil {
+		return err
+	}
+	if err := c.restore.validate(); err != nil {
 		return err
 	}
 	if c.upstreamDB == "" {
@@ -69,7 +81,17 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	file := c.replica(dataDir, "backup-replica.db")
+	// A change-streamer taking over restores its backup replica under the
+	// purge lock (R-15, R-17).
+	hold, err := c.restore.restoreReplica(ctx, rl, js, file, c.backup.reservationTTL, true)
+	if err != nil {
+		return err
+	}
 	cons, err := rl.replica(js, file, "backup", "backup-replica")
+	if err != nil {
+		return err
+	}
+	bp, err := c.backup.producer(rl, js, file, c.streamReplicas)
 	if err != nil {
 		return err
 	}
@@ -81,7 +103,7 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	log.Info("change-streamer running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream())
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
-		[]component{{"backup-replica", cons.Run}},
+		append([]component{{"backup-replica", cons.Run}, {"backup", bp.Run}}, endHold(rl, hold, cons)...),
 		[]component{{"http", h.Run}},
 	)
 }

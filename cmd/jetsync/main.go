@@ -32,6 +32,7 @@ func commands() []command {
 		{"view-syncer", "a replica consumer and the HTTP server", cmdViewSyncer},
 		{"tail", "print live change events", cmdTail},
 		{"replay", "print history, or build a replica as of a point (--into)", cmdReplay},
+		{"backup", "backup now: ask the change-streamer for a snapshot", cmdBackup},
 		{"proxy", "a TCP round-robin proxy in front of view-syncers, for dev and demos", cmdProxy},
 	}
 }

@@ -29,6 +29,8 @@ type runFlags struct {
 	roleFlags
 	upstreamFlags
 	auth       syncFlags
+	backup     backupFlags
+	restore    restoreFlags
 	natsListen string
 	demoPGPort int
 	pgBin      string
@@ -41,6 +43,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	c.roleFlags.register(fs, e, DefaultPort, "replica.db")
 	c.upstreamFlags.register(fs, e, "upstream Postgres `URL`; unset starts the demo Postgres")
 	c.auth.register(fs, e)
+	c.backup.register(fs, e)
+	c.restore.register(fs, e, true)
 	fs.StringVar(&c.natsListen, "nats-listen", e.str("JETSYNC_NATS_LISTEN", DefaultNATSListen), "address the embedded NATS server listens on; empty: in-process only; port 0 picks a free port [JETSYNC_NATS_LISTEN]")
 	fs.IntVar(&c.demoPGPort, "demo-pg-port", e.int("JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort), "port of the demo Postgres; 0 picks a free port [JETSYNC_DEMO_PG_PORT]")
 	fs.StringVar(&c.pgBin, "pg-bin", e.str("JETSYNC_PG_BIN", DefaultPGBin), "directory of the Postgres binaries for the demo Postgres [JETSYNC_PG_BIN]")
@@ -51,6 +55,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if err := c.upstreamFlags.validate(); err != nil {
+		return err
+	}
+	if err := c.backup.validate(); err != nil {
+		return err
+	}
+	if err := c.restore.validate(); err != nil {
 		return err
 	}
 	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
@@ -114,7 +124,17 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	file := c.replica(dataDir, "replica.db")
+	// The one replica is also the backup replica: it is restored under the
+	// purge lock, and snapshotted.
+	hold, err := c.restore.restoreReplica(ctx, rl, js, file, c.backup.reservationTTL, true)
+	if err != nil {
+		return err
+	}
 	cons, err := rl.replica(js, file, "replica", "replica")
+	if err != nil {
+		return err
+	}
+	bp, err := c.backup.producer(rl, js, file, c.streamReplicas)
 	if err != nil {
 		return err
 	}
@@ -132,7 +152,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
 		[]component{{"view-syncer", srv.Run}},
-		[]component{{"replica", cons.Run}},
+		append([]component{{"replica", cons.Run}, {"backup", bp.Run}}, endHold(rl, hold, cons)...),
 		[]component{{"http", h.Run}},
 	)
 }

@@ -37,7 +37,8 @@ type consumerRole struct {
 type consumerFlags struct {
 	roleFlags
 	natsFlags
-	auth syncFlags
+	auth    syncFlags
+	restore restoreFlags
 }
 
 // runConsumerRole runs a replica consumer and the HTTP server against an
@@ -50,10 +51,14 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 	if r.sync {
 		c.auth.register(fs, e)
 	}
+	c.restore.register(fs, e, false)
 	if err := parseFlags(fs, e, stdout, r.summary, args); err != nil {
 		return err
 	}
 	if err := c.validate(); err != nil {
+		return err
+	}
+	if err := c.restore.validate(); err != nil {
 		return err
 	}
 	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
@@ -74,6 +79,11 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	file := c.replica(dataDir, r.replicaFile)
+	// A cold replica restores the newest snapshot first.
+	hold, err := c.restore.restoreReplica(ctx, rl, js, file, 0, false)
+	if err != nil {
+		return err
+	}
 	cons, err := rl.replica(js, file, r.name, r.name+"-replica")
 	if err != nil {
 		return err
@@ -83,7 +93,7 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 		return err
 	}
 	defer h.Close()
-	stages := [][]component{{{r.name, cons.Run}}, {{"http", h.Run}}}
+	stages := [][]component{append([]component{{r.name, cons.Run}}, endHold(rl, hold, cons)...), {{"http", h.Run}}}
 	if r.sync {
 		srv, closeSrv, err := newSyncServer(ctx, h, rl, js, file, cons, c.auth)
 		if err != nil {

@@ -632,7 +632,8 @@ func (c *Consumer) ensureConsumer(ctx context.Context, stream jetstream.Stream, 
 	case err == nil:
 		info := cons.CachedInfo()
 		if info.Delivered.Stream == start-1 && info.AckFloor.Stream == start-1 &&
-			info.Config.FilterSubject == filter && info.Config.AckPolicy == jetstream.AckAllPolicy {
+			info.Config.FilterSubject == filter && info.Config.AckPolicy == jetstream.AckAllPolicy &&
+			info.Config.Metadata[streams.MetaReplica] == "true" {
 			return cons, nil
 		}
 		c.log.Info("recreating the durable consumer at the replica's position", "seq", start,
@@ -653,6 +654,7 @@ func (c *Consumer) ensureConsumer(ctx context.Context, stream jetstream.Stream, 
 		MaxAckPending: DefaultMaxAckPending,
 		MaxDeliver:    -1,
 		FilterSubject: filter,
+		Metadata:      map[string]string{streams.MetaReplica: "true"},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create consumer %s: %w", name, err)

@@ -108,7 +108,7 @@ func TestRestore_R5_R8_R9_R12_R13_R16_ColdStartPostgres(t *testing.T) {
 	equal("the backup replica", cs.File)
 
 	clock := backuptest.NewClock()
-	p, err := backup.New(backup.Config{File: cs.File, Shard: e.Shard, TaskID: "cs", Now: clock.Now, Logger: backuptest.Logger(), InitialGrace: time.Hour}, e.JS)
+	p, err := backup.New(backup.Config{File: cs.File, Shard: e.Shard, TaskID: "cs", Now: clock.Now, Logger: backuptest.Logger(), InitialGrace: time.Hour, PurgeWait: -1}, e.JS)
 	if err != nil {
 		t.Fatal(err)
 	}

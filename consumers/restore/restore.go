@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
@@ -47,11 +48,17 @@ type Config struct {
 	// purge lock instead of a reservation, and fails with ErrNoSnapshot
 	// instead of waiting when there is no snapshot and the stream no
 	// longer holds the history since the initial sync.
-	PurgeLock      bool
-	PollInterval   time.Duration
-	Heartbeat      time.Duration
-	ReservationTTL time.Duration
-	ProgressEvery  time.Duration
+	PurgeLock bool
+	// BuildFromStream lets a restorer that finds no usable snapshot build
+	// the replica from the stream instead of waiting, as long as the stream
+	// still holds the history since the initial sync (or none was made
+	// yet). The reservation is held until the replica has caught up, so
+	// that history is not purged under the build.
+	BuildFromStream bool
+	PollInterval    time.Duration
+	Heartbeat       time.Duration
+	ReservationTTL  time.Duration
+	ProgressEvery   time.Duration
 	// Now is the clock; nil means time.Now.
 	Now        func() time.Time
 	Logger     *slog.Logger
@@ -242,6 +249,15 @@ func (r *Restorer) restore(ctx context.Context, res streams.Backup) (Result, err
 				if r.cfg.PurgeLock {
 					return r.noSnapshot(up, info)
 				}
+				if r.cfg.BuildFromStream && fromStream(up, info) {
+					var last uint64
+					if info != nil {
+						last = info.State.LastSeq
+					}
+					r.log.Info("no restorable snapshot; the replica is built from the change stream, which holds the history since the initial sync",
+						"catch_up_seq", last)
+					return &done{Result{CatchUpSeq: last}}
+				}
 				msg := "no restorable snapshot yet; holding the reservation open until one lands"
 				if ok && rejected[snap.Name] {
 					msg = "the newest snapshot was rejected; holding the reservation open until a new one lands"
@@ -277,6 +293,13 @@ func (r *Restorer) restore(ctx context.Context, res streams.Backup) (Result, err
 			return Result{}, ctx.Err()
 		case errors.Is(err, ErrNoSnapshot):
 			return Result{}, err
+		case !r.js.Conn().IsConnected():
+			// A NATS outage is not the restore's error: wait it out.
+			r.log.Warn("restore interrupted: NATS is disconnected; waiting for it", "err", err)
+			if err := waitConnected(ctx, r.js.Conn()); err != nil {
+				return Result{}, err
+			}
+			continue
 		default:
 			streak++
 			r.metrics.attempts.WithLabelValues("error").Inc()
@@ -295,6 +318,23 @@ func (r *Restorer) restore(ctx context.Context, res streams.Backup) (Result, err
 
 var errWait = errors.New("wait")
 
+// waitConnected waits until nc is connected again.
+func waitConnected(ctx context.Context, nc *nats.Conn) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !nc.IsConnected() {
+		if nc.IsClosed() {
+			return errors.New("the NATS connection is closed")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
 type done struct{ r Result }
 
 func (*done) Error() string { return "done" }
@@ -312,6 +352,16 @@ func (r *Restorer) noSnapshot(up *streams.Upstream, info *jetstream.StreamInfo) 
 		return &done{Result{CatchUpSeq: last}}
 	}
 	return ErrNoSnapshot
+}
+
+// fromStream reports whether a replica can be built from the stream: it
+// holds the initial sync the upstream record names, or no initial sync was
+// recorded yet (the consumer then waits for it).
+func fromStream(up *streams.Upstream, info *jetstream.StreamInfo) bool {
+	if up == nil || info == nil || up.ResetSeq == 0 {
+		return true
+	}
+	return up.ResetSeq >= info.State.FirstSeq && up.ResetSeq <= info.State.LastSeq
 }
 
 // position reads the upstream record and the stream; either is nil while
@@ -395,6 +445,13 @@ func (r *Restorer) hold(ctx context.Context, res streams.Backup) (*Hold, error) 
 			if !errors.Is(err, jetstream.ErrKeyExists) {
 				return nil, fmt.Errorf("take the purge lock: %w", err)
 			}
+			// A lock this task left when it crashed is taken over at once,
+			// revision-checked, rather than waited out.
+			if ok, err := r.takeOver(ctx, res, h.key, value(0)); err != nil {
+				return nil, err
+			} else if ok {
+				break
+			}
 			if !logged {
 				r.log.Info("waiting for another holder's purge lock")
 				logged = true
@@ -434,6 +491,34 @@ func (r *Restorer) hold(ctx context.Context, res streams.Backup) (*Hold, error) 
 		}
 	})
 	return h, nil
+}
+
+// takeOver replaces the purge lock if this task holds it, with a write
+// conditional on the revision read, so that another holder's lock taken
+// meanwhile is never overwritten.
+func (r *Restorer) takeOver(ctx context.Context, res streams.Backup, key string, value []byte) (bool, error) {
+	e, err := res.Reservations.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read the purge lock: %w", err)
+	}
+	var l streams.PurgeLock
+	if json.Unmarshal(e.Value(), &l) != nil || l.Holder != r.cfg.TaskID {
+		return false, nil
+	}
+	_, err = r.js.Publish(ctx, "$KV."+r.cfg.Shard.ReservationBucket()+"."+key, value,
+		jetstream.WithExpectLastSequencePerSubject(e.Revision()), jetstream.WithMsgTTL(r.cfg.ReservationTTL))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return false, nil
+		}
+		return false, fmt.Errorf("take over the purge lock: %w", err)
+	}
+	r.log.Info("took over the purge lock this task held before a restart")
+	return true, nil
 }
 
 // End ends the reservation: the producer learns how long the restore took,

@@ -44,7 +44,7 @@ func newFixture(t *testing.T, rows int) *fixture {
 	}
 	f.cs = e.StartReplica(filepath.Join(t.TempDir(), "backup-replica.db"), "cs")
 	p, err := backup.New(backup.Config{File: f.cs.File, Shard: e.Shard, TaskID: "cs", Now: f.clock.Now, Logger: backuptest.Logger(),
-		InitialGrace: 100 * time.Hour}, e.JS)
+		InitialGrace: 100 * time.Hour, PurgeWait: -1}, e.JS)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,10 @@ const (
 	// DefaultCleanupDelay is the least age of a verified snapshot before
 	// history below it may be purged; observed restore times raise it.
 	DefaultCleanupDelay = 30 * time.Second
+	// DefaultPurgeWait is the wait between scheduling a purge and running
+	// it: three times the 10 s maximum reconnect backoff, so that lagging
+	// replicas reconnect and report their position first.
+	DefaultPurgeWait = 30 * time.Second
 	// DefaultWedgedGrace is how long the verified backup may stay behind
 	// the claimed one before the producer gives up.
 	DefaultWedgedGrace = 15 * time.Minute
@@ -62,12 +66,17 @@ type Config struct {
 	// Off turns snapshots off (JETSYNC_BACKUP=off): the monitor then purges
 	// to what every connected replica consumer has acked, and the fatal
 	// rules do not apply.
-	Off           bool
-	Interval      time.Duration
+	Off      bool
+	Interval time.Duration
+	// UploadRate caps snapshot uploads, in bytes a second; 0 means none.
+	UploadRate    int64
 	Keep          int
 	CheckInterval time.Duration
 	CleanupDelay  time.Duration
-	WedgedGrace   time.Duration
+	// PurgeWait is the wait between scheduling a purge and running it;
+	// zero means DefaultPurgeWait, negative none.
+	PurgeWait   time.Duration
+	WedgedGrace time.Duration
 	// InitialGrace, if set, replaces the size-scaled initial-backup grace.
 	InitialGrace        time.Duration
 	InitialGracePerUnit time.Duration
@@ -88,6 +97,7 @@ func (c Config) withDefaults() Config {
 	def(&c.Interval, DefaultInterval)
 	def(&c.CheckInterval, DefaultCheckInterval)
 	def(&c.CleanupDelay, DefaultCleanupDelay)
+	def(&c.PurgeWait, DefaultPurgeWait)
 	def(&c.WedgedGrace, DefaultWedgedGrace)
 	def(&c.InitialGracePerUnit, DefaultInitialGracePerUnit)
 	def(&c.ProtectMaxLag, DefaultProtectMaxLag)
@@ -123,8 +133,8 @@ func (c Config) Validate() error {
 			return errors.New("intervals and graces must be positive")
 		}
 	}
-	if c.InitialGrace < 0 {
-		return errors.New("initial grace must not be negative")
+	if c.InitialGrace < 0 || c.UploadRate < 0 {
+		return errors.New("initial grace and upload rate must not be negative")
 	}
 	return nil
 }
@@ -171,6 +181,10 @@ type Producer struct {
 	cleanupDelay time.Duration
 	seen         map[string]keySeen // reservation bucket keys
 	noProtect    map[string]bool    // protected consumers that lost protection
+	// A scheduled purge: below pending, once PurgeWait has passed since
+	// pendingAt.
+	pending   uint64
+	pendingAt time.Time
 }
 
 // keySeen is when the monitor, by its own clock, last saw a key change:
@@ -260,8 +274,19 @@ func (p *Producer) Run(ctx context.Context) error {
 			if p.cfg.Off || !p.due() {
 				continue
 			}
-			if _, err := p.Snapshot(ctx, false); err != nil && ctx.Err() == nil && !errors.Is(err, ErrNoReplica) {
-				p.log.Warn("snapshot failed; will retry", "err", err)
+			s, err := p.Snapshot(ctx, false)
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, ErrNoReplica) {
+					p.log.Warn("snapshot failed; will retry", "err", err)
+				}
+				continue
+			}
+			// Verifying at once lets a restorer waiting for its first
+			// snapshot use it without waiting for the next check.
+			if p.newest == nil || p.newest.Name != s.Name {
+				if err := p.verify(ctx); err != nil && ctx.Err() == nil {
+					p.log.Warn("verify snapshots", "err", err)
+				}
 			}
 		case <-checkT.C:
 			if err := p.Check(ctx); err != nil {

@@ -460,3 +460,48 @@ func TestMonitor_R6_R18_R19_R20_R23_PurgeSafety(t *testing.T) {
 	}
 	t.Logf("%d ticks after a purge, %d reservations, %d snapshots", purged, nres, len(snaps))
 }
+
+// TestMonitor_R23_WaitsBeforePurging: a purge runs PurgeWait after it was
+// scheduled, not at once, and then no further than what was scheduled.
+func TestMonitor_R23_WaitsBeforePurging(t *testing.T) {
+	f := newFixture(t, 20)
+	ctx := context.Background()
+	p := f.producer(t, backup.Config{InitialGrace: time.Hour, Interval: time.Hour})
+	f.e.Tx(1)
+	f.sync(t)
+	s, err := p.Snapshot(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func() {
+		t.Helper()
+		if err := p.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check()
+	f.clock.Advance(time.Minute) // the snapshot is past the cleanup delay
+	check()                      // schedules the purge
+	for range 3 {
+		f.e.Tx(2)
+	}
+	f.sync(t)
+	if first, _ := f.e.StreamState(); first != 1 {
+		t.Fatalf("purged to %d at once; want a %s wait", first, backup.DefaultPurgeWait)
+	}
+	f.clock.Advance(backup.DefaultPurgeWait - time.Second)
+	check()
+	if first, _ := f.e.StreamState(); first != 1 {
+		t.Fatalf("purged to %d before the wait was over", first)
+	}
+	// A newer snapshot meanwhile does not extend the scheduled purge.
+	if _, err := p.Snapshot(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	check()
+	f.clock.Advance(time.Minute)
+	check()
+	if first, _ := f.e.StreamState(); first != s.StreamSeq+1 {
+		t.Fatalf("stream starts at %d after the wait; want %d, the scheduled purge", first, s.StreamSeq+1)
+	}
+}

@@ -21,11 +21,6 @@ import (
 // listTimeout bounds one listing or verification of the object store.
 const listTimeout = 30 * time.Second
 
-// replicaDescription starts the description of every durable consumer that
-// consumers/replica creates: those are the replicas whose ack floors bound
-// purges while they are connected.
-const replicaDescription = "jetsync SQLite replica"
-
 // Check runs the backup monitor once: it verifies the snapshots in the
 // object store, applies the fatal rules, and purges the change stream as far
 // as is safe. It returns a *FatalError when the backup pipeline is broken.
@@ -322,6 +317,20 @@ func (p *Producer) purge(ctx context.Context, now time.Time) (string, error) {
 		}
 		bound = s.StreamSeq + 1
 	}
+	if p.cfg.PurgeWait > 0 {
+		if p.pendingAt.IsZero() {
+			p.pending, p.pendingAt = bound, now
+			p.log.Debug("purge scheduled", "below_seq", bound, "in", p.cfg.PurgeWait)
+			return "purge-scheduled", nil
+		}
+		if now.Sub(p.pendingAt) < p.cfg.PurgeWait {
+			return "purge-scheduled", nil
+		}
+		// The purge goes no further than what was scheduled, nor than
+		// what is safe now.
+		bound = min(bound, p.pending)
+		p.pendingAt = time.Time{}
+	}
 	stream, err := p.js.Stream(ctx, p.cfg.Shard.ChangesStream())
 	if err != nil {
 		return "", fmt.Errorf("stream: %w", err)
@@ -397,7 +406,7 @@ func (p *Producer) consumerBound(ctx context.Context, stream jetstream.Stream, n
 	lister := stream.ListConsumers(ctx)
 	for ci := range lister.Info() {
 		next := ci.AckFloor.Stream + 1
-		if strings.HasPrefix(ci.Config.Description, replicaDescription) && ci.NumWaiting > 0 {
+		if ci.Config.Metadata[streams.MetaReplica] == "true" && ci.NumWaiting > 0 {
 			connected++
 			bound = min(bound, next)
 		}

@@ -1,10 +1,12 @@
 package backup
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,8 +17,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
@@ -149,24 +153,143 @@ func digest(file string) (string, int64, error) {
 	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
-// upload puts the snapshot file in the object store. The object becomes
-// visible only once its last chunk and its metadata are stored.
+// uploadInFlight bounds the chunks an upload has unacknowledged. The
+// object store's own Put allows 4,000, which a large snapshot reaches:
+// nats-server then refuses chunks (429 "too many requests").
+const uploadInFlight = 64
+
+// chunkSize is the size of a snapshot's object store chunks.
+const chunkSize = 1 << 20
+
+// upload puts the snapshot file in the object store, in its format (chunks
+// on $O.<bucket>.C.<nuid>, then the info on $O.<bucket>.M.<name>, rolled
+// up), with at most uploadInFlight chunks unacknowledged. The object
+// becomes visible only once its info is stored, after every chunk was
+// acknowledged; a failed upload's chunks are purged.
 func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return fmt.Errorf("upload: %w", err)
 	}
 	defer f.Close()
-	_, err = p.res.Snapshots.Put(ctx, jetstream.ObjectMeta{
-		Name:        s.Name,
-		Description: "jetsync replica snapshot at watermark " + s.Watermark,
-		Metadata:    s.Metadata(),
-		Opts:        &jetstream.ObjectMetaOptions{ChunkSize: 1 << 20},
-	}, f)
-	if err != nil {
+	var r io.Reader = f
+	if p.cfg.UploadRate > 0 {
+		r = &throttled{ctx: ctx, r: f, rate: p.cfg.UploadRate, start: time.Now()}
+	}
+	bucket := p.cfg.Shard.SnapshotBucket()
+	old, err := p.res.Snapshots.GetInfo(ctx, s.Name)
+	if err != nil && !errors.Is(err, jetstream.ErrObjectNotFound) {
 		return fmt.Errorf("upload %s: %w", s.Name, err)
 	}
+	var pubErr error
+	var mu sync.Mutex
+	pub, err := jetstream.New(p.js.Conn(), jetstream.WithPublishAsyncMaxPending(uploadInFlight),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, err error) {
+			mu.Lock()
+			pubErr = cmp.Or(pubErr, err)
+			mu.Unlock()
+		}))
+	if err != nil {
+		return fmt.Errorf("upload: %w", err)
+	}
+	var id [12]byte
+	rand.Read(id[:])
+	nuid := hex.EncodeToString(id[:])
+	chunkSubj := "$O." + bucket + ".C." + nuid
+	purge := func() {
+		if st, err := p.js.Stream(context.WithoutCancel(ctx), "OBJ_"+bucket); err == nil {
+			_ = st.Purge(context.WithoutCancel(ctx), jetstream.WithPurgeSubject(chunkSubj))
+		}
+	}
+	fail := func(err error) error {
+		purge()
+		return fmt.Errorf("upload %s: %w", s.Name, err)
+	}
+	h := sha256.New()
+	buf := make([]byte, chunkSize)
+	var size uint64
+	var chunks uint32
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			h.Write(buf[:n])
+			// The stall wait is how long a chunk may wait for room among
+			// the unacknowledged ones: as long as the server's disk needs.
+			if _, err := pub.PublishMsgAsync(&nats.Msg{Subject: chunkSubj, Data: buf[:n]}, jetstream.WithStallWait(time.Minute)); err != nil {
+				return fail(err)
+			}
+			size += uint64(n)
+			chunks++
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return fail(rerr)
+		}
+		mu.Lock()
+		err := pubErr
+		mu.Unlock()
+		if err != nil {
+			return fail(err)
+		}
+	}
+	select {
+	case <-pub.PublishAsyncComplete():
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	}
+	if pubErr != nil {
+		return fail(pubErr)
+	}
+	info := jetstream.ObjectInfo{
+		ObjectMeta: jetstream.ObjectMeta{
+			Name:        s.Name,
+			Description: "jetsync replica snapshot at watermark " + s.Watermark,
+			Metadata:    s.Metadata(),
+			Opts:        &jetstream.ObjectMetaOptions{ChunkSize: chunkSize},
+		},
+		Bucket: bucket, NUID: nuid, Size: size, Chunks: chunks,
+		Digest: "SHA-256=" + base64.URLEncoding.EncodeToString(h.Sum(nil)),
+	}
+	meta := nats.NewMsg("$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(s.Name)))
+	meta.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	meta.Data = mustJSON(info)
+	if _, err := p.js.PublishMsg(ctx, meta); err != nil {
+		return fail(err)
+	}
+	if old != nil && !old.Deleted {
+		if st, err := p.js.Stream(ctx, "OBJ_"+bucket); err == nil {
+			_ = st.Purge(ctx, jetstream.WithPurgeSubject("$O."+bucket+".C."+old.NUID))
+		}
+	}
 	return nil
+}
+
+// throttled reads no faster than rate bytes a second on average, so that a
+// snapshot upload leaves the NATS server's bandwidth to the change stream.
+type throttled struct {
+	ctx   context.Context // the upload's: a read waits no longer than it
+	r     io.Reader
+	rate  int64
+	start time.Time
+	n     int64
+}
+
+func (t *throttled) Read(b []byte) (int, error) {
+	n, err := t.r.Read(b[:min(len(b), 256<<10)])
+	t.n += int64(n)
+	due := time.Duration(float64(t.n) / float64(t.rate) * float64(time.Second))
+	if wait := due - time.Since(t.start); wait > 0 {
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case <-t.ctx.Done():
+			return n, t.ctx.Err()
+		case <-timer.C:
+		}
+	}
+	return n, err
 }
 
 // prune deletes snapshots beyond the newest Keep, but never while a restore

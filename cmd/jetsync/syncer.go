@@ -9,10 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/connctx"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/viewsyncer"
@@ -32,6 +35,11 @@ type syncFlags struct {
 	advertise string
 	cvrFile   string
 	gc        cvrstore.GCConfig
+
+	// api is the app's API server (ZERO_QUERY_*, ZERO_MUTATE_* and their
+	// deprecated aliases); revalidate and retransform pace auth maintenance.
+	api                     appapi.Config
+	revalidate, retransform time.Duration
 }
 
 func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
@@ -51,7 +59,54 @@ func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
 	fs.Var(units{&a.gc.Inactivity, time.Hour}, "cvr-garbage-collection-inactivity-threshold-hours", "hours (fractions allowed) after which an inactive client group's CVR may be purged; its clients then start over [ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS]")
 	a.gc.Interval = e.units("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", cvrstore.DefaultGCInterval, time.Second)
 	fs.Var(units{&a.gc.Interval, time.Second}, "cvr-garbage-collection-initial-interval-seconds", "seconds between CVR garbage-collection passes while there is work; doubles up to 16 minutes while there is none [ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS]")
+	a.registerAPI(fs, e)
 	fs.IntVar(&a.gc.BatchSize, "cvr-garbage-collection-initial-batch-size", e.int("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE", cvrstore.DefaultGCBatchSize), "CVRs purged per pass at first, growing while inactive ones accumulate; 0 disables garbage collection [ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE]")
+}
+
+// registerAPI registers the API-server settings. Their environment goes
+// through appapi.LoadEnv, which resolves zero-cache's deprecated aliases
+// (ZERO_GET_QUERIES_*, ZERO_PUSH_*); a flag beats any of them.
+func (a *syncFlags) registerAPI(fs *flag.FlagSet, e *env) {
+	cfg, err := appapi.LoadEnv(func(k string) string { v, _ := e.lookup(k); return v })
+	if err != nil {
+		e.errs = append(e.errs, err)
+	}
+	a.api = cfg
+	for _, ep := range []struct {
+		flag, env string
+		e         *appapi.Endpoint
+		alias     string
+	}{{"query", "ZERO_QUERY", &a.api.Query, "ZERO_GET_QUERIES_URL"}, {"mutate", "ZERO_MUTATE", &a.api.Mutate, "ZERO_PUSH_URL"}} {
+		fs.Var(list{&ep.e.URLs}, ep.flag+"-url", "comma-separated URL patterns of the app's "+ep.flag+" endpoint; the first is the default, a client's own URL must match one (alias "+ep.alias+") ["+ep.env+"_URL]")
+		fs.Var(hidden{&ep.e.APIKey}, ep.flag+"-api-key", "sent to the "+ep.flag+" endpoint as X-Api-Key ["+ep.env+"_API_KEY]")
+		fs.BoolVar(&ep.e.ForwardCookies, ep.flag+"-forward-cookies", ep.e.ForwardCookies, "forward the websocket upgrade request's Cookie header to the "+ep.flag+" endpoint ["+ep.env+"_FORWARD_COOKIES]")
+		fs.Var(list{&ep.e.AllowedClientHeaders}, ep.flag+"-allowed-client-headers", "comma-separated header names the client's own "+ep.flag+" headers may set ["+ep.env+"_ALLOWED_CLIENT_HEADERS]")
+		fs.Var(list{&ep.e.AllowedRequestHeaders}, ep.flag+"-allowed-request-headers", "comma-separated header names copied from the upgrade request to the "+ep.flag+" endpoint ["+ep.env+"_ALLOWED_REQUEST_HEADERS]")
+	}
+	a.revalidate = e.units(connctx.EnvRevalidateInterval, connctx.DefaultRevalidateInterval, time.Second)
+	fs.Var(units{&a.revalidate, time.Second}, "auth-revalidate-interval-seconds", "seconds after which a validated connection's credentials are checked again with the query endpoint; 0 disables ["+connctx.EnvRevalidateInterval+"]")
+	a.retransform = e.units(connctx.EnvRetransformInterval, connctx.DefaultRetransformInterval, time.Second)
+	fs.Var(units{&a.retransform, time.Second}, "auth-retransform-interval-seconds", "seconds between re-transforms of a client group's synced queries with its background connection's credentials; 0 disables ["+connctx.EnvRetransformInterval+"]")
+}
+
+// list is a comma-separated list flag.
+type list struct{ v *[]string }
+
+func (l list) String() string {
+	if l.v == nil {
+		return ""
+	}
+	return strings.Join(*l.v, ",")
+}
+
+func (l list) Set(v string) error {
+	*l.v = nil
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l.v = append(*l.v, p)
+		}
+	}
+	return nil
 }
 
 // units is a duration flag given as a number, fractions allowed, of unit:
@@ -135,19 +190,22 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		return nil, nil, fmt.Errorf("cvr store: %w", err)
 	}
 	srv, err := viewsyncer.New(viewsyncer.Config{
-		ReplicaFile:  file,
-		Replica:      cons,
-		Shard:        rl.shard,
-		AuthSecret:   a.secret,
-		AuthJWK:      a.jwk,
-		AuthJWKSURL:  a.jwksURL,
-		AuthIssuer:   a.issuer,
-		AuthAudience: a.audience,
-		CVR:          store,
-		GroupIdle:    a.groupIdle,
-		GC:           a.gc,
-		Logger:       log,
-		Registerer:   rl.metrics.For("view-syncer"),
+		ReplicaFile:         file,
+		Replica:             cons,
+		Shard:               rl.shard,
+		AuthSecret:          a.secret,
+		AuthJWK:             a.jwk,
+		AuthJWKSURL:         a.jwksURL,
+		AuthIssuer:          a.issuer,
+		AuthAudience:        a.audience,
+		CVR:                 store,
+		GroupIdle:           a.groupIdle,
+		GC:                  a.gc,
+		API:                 a.api,
+		RevalidateInterval:  a.revalidate,
+		RetransformInterval: a.retransform,
+		Logger:              log,
+		Registerer:          rl.metrics.For("view-syncer"),
 	})
 	if err != nil {
 		store.Close()

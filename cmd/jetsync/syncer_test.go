@@ -75,3 +75,34 @@ func TestSyncFlags_GC(t *testing.T) {
 		})
 	}
 }
+
+func TestSyncFlags_API(t *testing.T) {
+	vars := map[string]string{
+		"ZERO_GET_QUERIES_URL":                  "http://api.test/query",
+		"ZERO_PUSH_URL":                         "http://api.test/push",
+		"ZERO_MUTATE_API_KEY":                   "k",
+		"ZERO_AUTH_REVALIDATE_INTERVAL_SECONDS": "1.5",
+	}
+	e := &env{lookup: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
+	fs := flag.NewFlagSet("jetsync view-syncer", flag.ContinueOnError)
+	var a syncFlags
+	a.register(fs, e)
+	if err := fs.Parse([]string{"-auth-retransform-interval-seconds", "0", "-query-allowed-client-headers", "x-a, x-b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.api.Query.URLs; len(got) != 1 || got[0] != "http://api.test/query" {
+		t.Errorf("query URLs = %v; want the ZERO_GET_QUERIES_URL alias", got)
+	}
+	if got := a.api.Mutate; len(got.URLs) != 1 || got.URLs[0] != "http://api.test/push" || got.APIKey != "k" {
+		t.Errorf("mutate = %+v; want the ZERO_PUSH_URL alias and the key", got)
+	}
+	if h := a.api.Query.AllowedClientHeaders; len(h) != 2 || h[1] != "x-b" {
+		t.Errorf("allowed client headers = %q; want the flag's", h)
+	}
+	if a.revalidate != 1500*time.Millisecond || a.retransform != 0 {
+		t.Errorf("intervals = %v, %v; want 1.5s from env and 0 from the flag", a.revalidate, a.retransform)
+	}
+}

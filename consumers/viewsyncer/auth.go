@@ -165,15 +165,15 @@ func (v *tokenVerifier) checkClaims(claims jwt.MapClaims, userID string) error {
 // authenticate resolves a connection's token as zero-cache's resolveAuth
 // does (server-model.md §10.2): no token is a logged-out connection; with a
 // key configured a token must be a valid JWT for userID; without one it is
-// opaque and passed through, except on connect (connecting), where
-// zero-cache refuses it. It returns the claims the read rules bind as
-// authData: a verified JWT's payload, else an empty object.
+// opaque and passed through to the API server when both its query and
+// mutate URLs are configured; otherwise zero-cache refuses it on connect
+// (connecting). It returns a verified JWT's claims, nil for an opaque token
+// or none.
 func (s *Server) authenticate(ctx context.Context, token, userID string, connecting bool) (map[string]any, *protocolError) {
-	none := map[string]any{}
 	if token == "" {
-		return none, nil
+		return nil, nil
 	}
-	if s.auth == nil && connecting {
+	if s.auth == nil && connecting && !s.opaqueTokens() {
 		// zero-cache throws here, outside its protocol errors, and the
 		// unhandled rejection takes its syncer down; one failed
 		// connection is the useful part of that.
@@ -184,13 +184,19 @@ func (s *Server) authenticate(ctx context.Context, token, userID string, connect
 		return nil, authError(kindUnauthorized, "Authenticated connections require a userID.")
 	}
 	if s.auth == nil {
-		return none, nil
+		return nil, nil
 	}
 	claims, err := s.auth.verify(ctx, token, userID)
 	if err != nil {
 		return nil, authError(kindAuthInvalidated, "Failed to decode auth token: "+joseMessage(err))
 	}
 	return claims, nil
+}
+
+// opaqueTokens reports whether tokens may be opaque without a key: the API
+// server, at both endpoints, is then their authority (server-model.md §10.1).
+func (s *Server) opaqueTokens() bool {
+	return s.api != nil && s.api.Config().Query.Configured() && s.api.Config().Mutate.Configured()
 }
 
 func authError(kind, msg string) *protocolError {

@@ -15,6 +15,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/connctx"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
@@ -50,6 +52,12 @@ type conn struct {
 	log *slog.Logger
 
 	clientID, wsID, userID string
+	// token and claims are the connect-time auth; the group's auth
+	// manager holds the current one. upgrade is what the API server is
+	// sent from the upgrade request (cookie, origin, headers).
+	token   string
+	claims  map[string]any
+	upgrade appapi.Conn
 
 	// Guarded by g.mu.
 	base               string
@@ -167,11 +175,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		base: p.baseCookie, hasBase: p.hasBase, wake: make(chan struct{}, 1),
 		log: log.With("client_group", p.clientGroupID, "client", p.clientID),
 	}
-	authData, perr := s.authenticate(r.Context(), sp.AuthToken, p.userID, true)
+	claims, perr := s.authenticate(r.Context(), sp.AuthToken, p.userID, true)
 	if perr != nil {
 		closeWithError(ws, perr)
 		return
 	}
+	c.token, c.claims = sp.AuthToken, claims
+	c.upgrade = appapi.ConnFromRequest(r, p.userID, sp.AuthToken)
 	if version < MinServerProtocol || version > ProtocolVersion {
 		side := "client"
 		if version > ProtocolVersion {
@@ -207,7 +217,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		c.g = g
-		perr := g.attach(c, sp.AuthToken != "", authData)
+		perr := g.attach(c, sp.AuthToken != "", authMap(claims))
 		if perr == errUnloaded {
 			continue // it left memory meanwhile: load it again
 		}
@@ -274,29 +284,41 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 		err = c.g.changeDesiredQueries(ctx, c, u.ChangeDesiredQueries.DesiredQueriesPatch)
 	case tagDeleteClients:
 		err = c.g.deleteClients(ctx, c, u.DeleteClients.ClientIDs)
+		if err == nil {
+			err = c.g.cleanupClients(c, u.DeleteClients.ClientIDs)
+		}
 	case tagUpdateAuth:
-		authData, perr := c.s.authenticate(ctx, u.UpdateAuth.Auth, c.userID, false)
+		claims, perr := c.s.authenticate(ctx, u.UpdateAuth.Auth, c.userID, false)
 		if perr != nil {
 			err = perr
 		} else {
-			err = c.g.updateAuth(ctx, c, authData)
+			err = c.g.updateAuth(ctx, c, u.UpdateAuth.Auth, claims)
 		}
 	case tagPush:
-		err = newProtocolError(kindInvalidPush, "A ZERO_MUTATE_URL must be set in order to process custom mutations.")
+		err = c.g.push(c, u.Push)
+	case tagAckMutationResponses:
+		err = c.g.ackMutationResponses(c, u.AckMutationResponses)
 	}
 	if err != nil {
-		var perr *protocolError
-		if !errors.As(err, &perr) {
+		if !expectedError(err) {
 			c.log.Error("handle "+u.Tag, "err", err)
-			perr = newProtocolError(kindInternal, "%v", err)
 		}
-		c.fail(perr)
+		c.failErr(err)
 		c.g.mu.Lock()
 		c.g.dropIfBroken()
 		c.g.mu.Unlock()
 		return false
 	}
 	return true
+}
+
+// expectedError reports whether err is one the client is meant to get:
+// a protocol error, the API server's failure, an auth refusal.
+func expectedError(err error) bool {
+	var perr *protocolError
+	var f *appapi.Failure
+	var ce *connctx.Error
+	return errors.As(err, &perr) || errors.As(err, &f) || errors.As(err, &ce)
 }
 
 // enqueue queues frames to send, all or none. A client whose queue would
@@ -458,8 +480,8 @@ func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeConten
 // query patches first, then rows, as zero-cache orders them.
 func (pc *pokeContent) parts(pokeID string) []*pokePartBody {
 	var out []*pokePartBody
-	cur := &pokePartBody{PokeID: pokeID, LastMutationIDChanges: pc.lmids}
-	n := len(pc.lmids)
+	cur := &pokePartBody{PokeID: pokeID, LastMutationIDChanges: pc.lmids, MutationsPatch: pc.mutations}
+	n := len(pc.lmids) + len(pc.mutations)
 	next := func() {
 		if n >= partSize {
 			out = append(out, cur)

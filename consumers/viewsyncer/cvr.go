@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
@@ -81,9 +82,17 @@ func (d *desire) expired(clock float64) bool {
 
 // queryRecord is a query the group knows: desired by someone, got, or both.
 type queryRecord struct {
-	hash     string
-	ast      *zql.AST
-	internal bool
+	hash string
+	// ast is a legacy or internal query's AST, or a synced query's as the
+	// API server last transformed it (nil until then).
+	ast *zql.AST
+	// name and args name a synced query; transformationHash identifies
+	// its AST, and transformErr is the API server's refusal of it.
+	name               string
+	args               json.RawMessage
+	transformationHash string
+	transformErr       *appapi.QueryError
+	internal           bool
 	// got is set while the query's rows are in the group's row set;
 	// patchVersion is when got last changed (a put, or a del once gone).
 	got          bool

@@ -50,7 +50,11 @@ var errPurged = newProtocolError(kindClientNotFound, "Client has been purged due
 // queryBase is a query record as last written; its AST never changes once
 // set, so the pointer stands for it.
 type queryBase struct {
+	// ast is nil for a synced query, whose AST is not stored: it is
+	// transformed again after a load, as zero-cache does; name and th
+	// (its transformation hash) stand for it.
 	ast          *zql.AST
+	name, th     string
 	internal     bool
 	got          bool
 	patchVersion string
@@ -119,8 +123,9 @@ func fromState(st *projcvr.State) (*cvr, error) {
 		cr.desired[k.Hash] = ds
 	}
 	for h, q := range st.Queries {
-		qr := &queryRecord{hash: h, internal: q.Internal, got: q.Got, everGot: q.PatchVersion != "", patchVersion: q.PatchVersion}
-		if len(q.AST) > 0 {
+		qr := &queryRecord{hash: h, internal: q.Internal, got: q.Got, everGot: q.PatchVersion != "", patchVersion: q.PatchVersion,
+			name: q.Name, args: q.Args, transformationHash: q.TransformationHash}
+		if len(q.AST) > 0 && q.Name == "" {
 			ast, err := zql.ParseAST(q.AST)
 			if err != nil {
 				return nil, fmt.Errorf("query %s: %w", h, err)
@@ -128,7 +133,7 @@ func fromState(st *projcvr.State) (*cvr, error) {
 			qr.ast = ast
 		}
 		c.queries[h] = qr
-		dg.queries[h] = queryBase{ast: qr.ast, internal: qr.internal, got: qr.got, patchVersion: qr.patchVersion}
+		dg.queries[h] = baseOf(qr)
 	}
 	for _, r := range st.Rows {
 		// Keys are stored as written, canonical (streams.CVRRowKey).
@@ -182,9 +187,17 @@ func (d *durableStore) flush(ctx context.Context, c *cvr, u *update) error {
 		}
 	}
 	for h, q := range c.queries {
-		dg.queries[h] = queryBase{ast: q.ast, internal: q.internal, got: q.got, patchVersion: q.patchVersion}
+		dg.queries[h] = baseOf(q)
 	}
 	return nil
+}
+
+// baseOf is what the stream holds of q.
+func baseOf(q *queryRecord) queryBase {
+	if q.name != "" {
+		return queryBase{name: q.name, th: q.transformationHash, internal: q.internal, got: q.got, patchVersion: q.patchVersion}
+	}
+	return queryBase{ast: q.ast, internal: q.internal, got: q.got, patchVersion: q.patchVersion}
 }
 
 // configEvents are the events for the config records (schema, clients,
@@ -212,11 +225,12 @@ func configEvents(c *cvr, dg *durableGroup) ([]streams.CVREvent, error) {
 	}
 	for _, h := range sortedKeys(c.queries) {
 		q := c.queries[h]
-		if old, ok := dg.queries[h]; ok && old == (queryBase{ast: q.ast, internal: q.internal, got: q.got, patchVersion: q.patchVersion}) {
+		if old, ok := dg.queries[h]; ok && old == baseOf(q) {
 			continue
 		}
-		rec := streams.CVRQuery{Hash: h, Internal: q.internal, Got: q.got, PatchVersion: q.patchVersion}
-		if q.ast != nil {
+		rec := streams.CVRQuery{Hash: h, Internal: q.internal, Got: q.got, PatchVersion: q.patchVersion,
+			Name: q.name, Args: q.args, TransformationHash: q.transformationHash}
+		if q.ast != nil && q.name == "" {
 			b, err := json.Marshal(q.ast)
 			if err != nil {
 				return nil, fmt.Errorf("query %s: %w", h, err)

@@ -54,6 +54,12 @@ type env struct {
 	// so that a restarted syncer finds its own.
 	cvrDir string
 
+	// api is the app's API server, if envOptions.api.
+	api *apiServer
+
+	// txMu serialises upstream transactions: the API server's mutators
+	// write too.
+	txMu    *sync.Mutex
 	lsn     uint64
 	wm      string
 	version string
@@ -70,6 +76,11 @@ type envOptions struct {
 	groupIdle, leaseTTL time.Duration
 	// gc configures the durable store's garbage collection.
 	gc cvrstore.GCConfig
+	// api starts an API server (apiServer) at ZERO_QUERY_URL and
+	// ZERO_MUTATE_URL; revalidate and retransform are the auth
+	// maintenance intervals.
+	api                     bool
+	revalidate, retransform time.Duration
 }
 
 // syncer is one view-syncer over the env's replica.
@@ -95,7 +106,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ns: ns, js: js, kv: kv, shard: shard, lsn: 0x1000000}
+	e := &env{t: t, ns: ns, js: js, kv: kv, shard: shard, lsn: 0x1000000, txMu: &sync.Mutex{}}
 	e.initialSync(o.issues)
 
 	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -108,6 +119,9 @@ func newEnv(t testing.TB, o envOptions) *env {
 		t.Fatal(err)
 	}
 	e.cons, e.file, e.log, e.cvrDir = cons, file, logger, t.TempDir()
+	if o.api {
+		e.api = newAPIServer(t, e)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cons.Run(ctx) }()
@@ -138,7 +152,11 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	mux.HandleFunc("GET /metrics", func(http.ResponseWriter, *http.Request) {})
 	s.http = httptest.NewUnstartedServer(mux)
 	cfg := Config{ReplicaFile: e.file, Replica: e.cons, Shard: e.shard, AuthSecret: o.secret, GroupIdle: o.groupIdle,
-		GC: o.gc, Logger: e.log.With("syncer", id)}
+		GC: o.gc, Logger: e.log.With("syncer", id), RevalidateInterval: o.revalidate, RetransformInterval: o.retransform}
+	if e.api != nil {
+		cfg.API.Query.URLs = []string{e.api.http.URL + "/query"}
+		cfg.API.Mutate.URLs = []string{e.api.http.URL + "/mutate"}
+	}
 	if o.durable {
 		store, err := cvrstore.Open(context.Background(), cvrstore.Config{
 			JS: js, Shard: e.shard, File: filepath.Join(e.cvrDir, id+"-cvr.db"), OwnerID: id,
@@ -257,6 +275,10 @@ var benchTables = []streams.TableSpec{
 	{Schema: "zpeer_0", Name: "clients", PrimaryKey: []string{"clientGroupID", "clientID"}, Columns: []streams.ColumnSpec{
 		col("clientGroupID", 1, "text", streams.KindString, true), col("clientID", 2, "text", streams.KindString, true),
 		col("lastMutationID", 3, "int8", streams.KindNumber, true), col("userID", 4, "text", streams.KindString, false)}},
+	// The app's mutation results (server-model.md §9.4).
+	{Schema: "zpeer_0", Name: "mutations", PrimaryKey: []string{"clientGroupID", "clientID", "mutationID"}, Columns: []streams.ColumnSpec{
+		col("clientGroupID", 1, "text", streams.KindString, true), col("clientID", 2, "text", streams.KindString, true),
+		col("mutationID", 3, "int8", streams.KindNumber, true), col("result", 4, "json", streams.KindJSON, true)}},
 	// The app's legacy permissions (permissions.md §2).
 	{Schema: "zpeer", Name: "permissions", PrimaryKey: []string{"lock"}, Columns: []streams.ColumnSpec{
 		col("permissions", 1, "jsonb", streams.KindJSON, false), col("hash", 2, "text", streams.KindString, false),
@@ -368,10 +390,38 @@ func (e *env) initialSync(issues int) {
 	}
 }
 
+// tableChanges are one table's changes in a transaction.
+type tableChanges struct {
+	schema, table string
+	changes       []streams.Change
+}
+
+// txTables publishes one transaction over several tables, as pgrepl does:
+// a part per table, then an empty last part on the tx subject. It waits
+// until the replica has it.
+func (e *env) txTables(ts ...tableChanges) {
+	e.t.Helper()
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	wm := e.nextWM()
+	for i, tc := range ts {
+		p := streams.Part{Watermark: wm, Num: i, Changes: tc.changes}
+		if i == 0 {
+			p.Prev = e.wm
+		}
+		e.publish(&streams.Message{Schema: tc.schema, Table: tc.table, Parts: []streams.Part{p}})
+	}
+	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: wm, Num: len(ts), Last: true, Changes: []streams.Change{}}}})
+	e.wm = wm
+	e.waitWM(wm)
+}
+
 // tx publishes one transaction on schema.table and waits until the replica
 // has it.
 func (e *env) tx(schema, table string, cs ...streams.Change) {
 	e.t.Helper()
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
 	wm := e.nextWM()
 	e.publish(&streams.Message{Schema: schema, Table: table, Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Last: true, Changes: cs}}})
 	e.wm = wm

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/zql"
 )
@@ -26,6 +27,10 @@ const partSize = 100
 // lmidsQuery is the hash of the internal query for the group's rows of
 // <app>_<shard>.clients, which become lastMutationIDChanges.
 const lmidsQuery = "lmids"
+
+// mutationsQuery is the hash of the internal query for the group's rows of
+// <app>_<shard>.mutations, which become mutationsPatch.
+const mutationsQuery = "mutationResults"
 
 // group is a client group: its CVR, the pipelines that keep the CVR's got
 // queries up to date, and its connections. All its work is serialised by mu;
@@ -71,6 +76,44 @@ type group struct {
 	// the server's mu before.
 	loaded  chan struct{}
 	loadErr error
+
+	// cc keeps the connections' auth contexts and the maintenance
+	// schedule; its timer signals maint.
+	cc    *authManager
+	maint chan struct{}
+	// pusher forwards custom mutations, one request at a time; nil until
+	// the first push. stopPush ends it, and pushDone is closed after.
+	pusher   *appapi.Pusher
+	stopPush context.CancelFunc
+	pushDone chan struct{}
+	// counted is what the group adds to the queries and rows gauges.
+	countedQueries, countedRows int
+}
+
+// count updates the group's share of the queries and rows gauges; gone
+// groups count nothing.
+func (g *group) count(gone bool) {
+	q, r := 0, 0
+	if !gone && g.cvr != nil {
+		q, r = len(g.cvr.queries), len(g.cvr.rows)
+	}
+	m := g.s.metrics
+	m.queries.Add(float64(q - g.countedQueries))
+	m.rows.Add(float64(r - g.countedRows))
+	g.countedQueries, g.countedRows = q, r
+	if !gone {
+		m.groupQueries.Observe(float64(q))
+		m.groupRows.Observe(float64(r))
+	}
+}
+
+// lock takes the group's lock, recording the wait
+// (zero.sync.lock-wait-time), and returns its unlock.
+func (g *group) lock() func() {
+	start := time.Now()
+	g.mu.Lock()
+	g.s.metrics.lockWait.Observe(time.Since(start).Seconds())
+	return g.mu.Unlock
 }
 
 // pipeline is a got query's evaluation state: its view follows the
@@ -79,9 +122,11 @@ type group struct {
 type pipeline struct {
 	hash     string
 	internal bool
-	query    *zql.Query
-	view     *zql.View
-	schema   *schema
+	// custom pipelines run a synced query's AST as transformed.
+	custom bool
+	query  *zql.Query
+	view   *zql.View
+	schema *schema
 	// perms and authGen are what a legacy query was transformed with, and
 	// transformed the hash of the result: the AST actually run.
 	perms       *permissions
@@ -179,8 +224,14 @@ func (g *group) applyPatch(u *update, clientID string, ops []queryPatchOp, asts 
 			q := g.cvr.queries[op.Hash]
 			if q == nil {
 				q = &queryRecord{hash: op.Hash, ast: asts[op.Hash]}
+				if op.Name != nil && len(op.AST) == 0 {
+					q.name, q.args = *op.Name, op.Args
+					if len(q.args) == 0 {
+						q.args = json.RawMessage("[]")
+					}
+				}
 				g.cvr.queries[op.Hash] = q
-			} else if q.ast == nil {
+			} else if q.ast == nil && q.name == "" {
 				q.ast = asts[op.Hash]
 			}
 			ttl := clampTTL(op.TTL)
@@ -322,6 +373,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		// The pipelines missed changes before snap.from.
 		changed = nil
 	}
+	g.countReset(snap, changed == nil)
 	if g.cvr.replicaVersion != "" && snap.replicaVersion != g.cvr.replicaVersion {
 		return replicaChanged(g.cvr.replicaVersion, snap.replicaVersion)
 	}
@@ -341,6 +393,10 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 	for _, h := range hashes {
 		p := g.pipelines[h]
 		if p == nil {
+			continue
+		}
+		if q := g.cvr.queries[h]; q != nil && q.name != "" && q.ast == nil {
+			g.removePipeline(u, p) // the API server refused it
 			continue
 		}
 		rebuilt, err := g.prepare(p, snap)
@@ -369,10 +425,15 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		}
 	}
 	sort.Strings(add)
-	if _, ok := g.pipelines[lmidsQuery]; !ok {
-		if ast := g.s.lmidsAST(g.id, snap.schema); ast != nil {
-			g.cvr.queries[lmidsQuery] = &queryRecord{hash: lmidsQuery, ast: ast, internal: true}
-			add = append(add, lmidsQuery)
+	for _, iq := range []struct {
+		hash string
+		ast  func(string, *schema) *zql.AST
+	}{{lmidsQuery, g.s.lmidsAST}, {mutationsQuery, g.s.mutationsAST}} {
+		if _, ok := g.pipelines[iq.hash]; !ok {
+			if ast := iq.ast(g.id, snap.schema); ast != nil {
+				g.cvr.queries[iq.hash] = &queryRecord{hash: iq.hash, ast: ast, internal: true}
+				add = append(add, iq.hash)
+			}
 		}
 	}
 	// A CVR loaded from the store holds rows of got queries that have no
@@ -381,7 +442,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 	held := g.heldRows()
 	for _, h := range add {
 		q := g.cvr.queries[h]
-		p := &pipeline{hash: h, internal: q.internal, rows: held[h]}
+		p := &pipeline{hash: h, internal: q.internal, custom: q.name != "", rows: held[h]}
 		if p.rows == nil {
 			p.rows = map[string]struct{}{}
 		}
@@ -402,6 +463,9 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 	// Got queries left without a pipeline (expired while unloaded, or no
 	// longer compiling) leave the got set with their rows.
 	for _, h := range sortedKeys(held) {
+		if q := g.cvr.queries[h]; q != nil && q.pendingTransform() && !g.queryExpired(h, now) {
+			continue // held until its client transforms it
+		}
 		if _, ok := g.pipelines[h]; !ok {
 			g.removePipeline(u, &pipeline{hash: h, rows: held[h]})
 		}
@@ -412,6 +476,27 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		g.cvr.replicaVersion = snap.replicaVersion
 	}
 	return g.flush(ctx, u)
+}
+
+// countReset counts a sync that re-hydrates the group's pipelines
+// (zero.sync.pipeline-resets): for a schema change, a rules change, or
+// changes it cannot follow (a truncation, a reset of the replica).
+func (g *group) countReset(snap *snapshot, all bool) {
+	reason := ""
+	for _, p := range g.pipelines {
+		switch {
+		case p.query != nil && p.schema != snap.schema:
+			reason = "schema-change"
+		case reason == "" && !p.internal && !p.custom && p.perms != snap.perms:
+			reason = "permissions-change"
+		}
+	}
+	if reason == "" && all && len(g.pipelines) > 0 {
+		reason = "truncation"
+	}
+	if reason != "" {
+		g.s.metrics.pipelineResets.WithLabelValues(reason).Inc()
+	}
 }
 
 // heldRows indexes, by query, the rows that got queries without a pipeline
@@ -462,14 +547,22 @@ func (g *group) astOf(hash string) *zql.AST {
 // must be re-hydrated.
 func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
 	fresh := p.query == nil || p.schema != snap.schema
-	if !fresh && (p.internal || p.perms == snap.perms && p.authGen == g.authGen) {
+	if !fresh && !p.custom && (p.internal || p.perms == snap.perms && p.authGen == g.authGen) {
 		return false, nil
 	}
 	ast := g.astOf(p.hash)
 	if ast == nil {
 		return false, fmt.Errorf("query %s has no AST", p.hash)
 	}
-	if !p.internal {
+	if p.custom {
+		// Synced queries run as the API server transformed them, without
+		// the legacy read rules.
+		th := g.cvr.queries[p.hash].transformationHash
+		if !fresh && th == p.transformed {
+			return false, nil
+		}
+		p.transformed = th
+	} else if !p.internal {
 		perms := snap.perms
 		if perms == nil {
 			perms = noPermissions
@@ -679,6 +772,7 @@ func (g *group) flush(ctx context.Context, u *update) error {
 		g.log.Warn("flush cvr", "version", u.version, "err", err)
 		return newProtocolError(kindRehome, "Reconnect required")
 	}
+	g.count(false)
 	g.poke(u)
 	return nil
 }
@@ -737,10 +831,12 @@ type pokeContent struct {
 	got     []queryPatch
 	rows    []rowPatch
 	lmids   map[string]float64
+	// mutations are mutationsPatch entries, encoded.
+	mutations []json.RawMessage
 }
 
 func (pc *pokeContent) empty() bool {
-	return len(pc.desired) == 0 && len(pc.got) == 0 && len(pc.rows) == 0 && len(pc.lmids) == 0
+	return len(pc.desired) == 0 && len(pc.got) == 0 && len(pc.rows) == 0 && len(pc.lmids) == 0 && len(pc.mutations) == 0
 }
 
 func (g *group) delta(u *update) *pokeContent {
@@ -829,6 +925,12 @@ func (g *group) addRow(pc *pokeContent, rec *rowRecord) {
 			pc.lmids = map[string]float64{}
 		}
 		pc.lmids[cid] = lmid
+		return
+	}
+	if rec.table == g.s.mutationsTable {
+		if p := g.mutationPatch(rec); p != nil {
+			pc.mutations = append(pc.mutations, p)
+		}
 		return
 	}
 	if rec.refs == nil {

@@ -7,14 +7,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
 // attach registers c as its client's connection; an older one is closed
 // (the newest wins, sync-protocol.md §2.4).
 func (g *group) attach(c *conn, authenticated bool, authData map[string]any) *protocolError {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if g.unloaded {
 		return errUnloaded
 	}
@@ -35,6 +36,7 @@ func (g *group) attach(c *conn, authenticated bool, authData map[string]any) *pr
 	}
 	g.conns[c.clientID] = c
 	g.setAuth(authData)
+	g.cc.Register(c.selector(), userOf(c.userID), connAuth{token: c.token, claims: c.claims}, endpoint{}, endpoint{})
 	return nil
 }
 
@@ -53,32 +55,82 @@ func (g *group) setAuth(authData map[string]any) {
 	g.authGen++
 }
 
-// updateAuth re-binds the legacy queries to a connection's new claims and
-// re-hydrates those whose bound AST changed (permissions.md §12).
-func (g *group) updateAuth(ctx context.Context, c *conn, authData map[string]any) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+// updateAuth applies a connection's new token (server-model.md §10.2): a
+// changed token is a new auth revision, which re-transforms the synced
+// queries with it and re-binds the legacy queries to its claims
+// (permissions.md §12). A failure fails the connection.
+func (g *group) updateAuth(ctx context.Context, c *conn, token string, claims map[string]any) error {
+	unlock := g.lock()
+	defer unlock()
 	if !g.current(c) {
 		return nil
 	}
-	gen := g.authGen
-	g.setAuth(authData)
-	if gen == g.authGen || !c.ready {
-		return nil
-	}
-	snap, err := g.s.openSnapshot(ctx)
-	if err != nil || snap == nil {
+	ac, err := g.cc.MustConn(c.selector())
+	if err != nil {
 		return err
 	}
-	defer snap.close()
-	return g.syncAt(ctx, snap)
+	prev := ac.Auth
+	if token == "" && prev.token != "" {
+		return authError(kindUnauthorized, "No token provided. An unauthenticated client cannot connect to an authenticated client group.")
+	}
+	if (prev.claims == nil) != (claims == nil) && prev.token != "" {
+		return authError(kindUnauthorized, "Cannot change auth type between JWT and opaque tokens.")
+	}
+	changed := token != prev.token
+	if changed && prev.claims != nil && claims != nil {
+		pi, pok := prev.claims["iat"].(float64)
+		ni, nok := claims["iat"].(float64)
+		switch {
+		case pok != nok:
+			return authError(kindUnauthorized, "Cannot mix tokens with and without an iat claim.")
+		case pok && ni < pi:
+			// An older token than the one in use: keep the newer one.
+			return nil
+		}
+	}
+	ac, err = g.cc.UpdateAuth(c.selector(), connAuth{token: token, claims: claims}, changed)
+	if err != nil {
+		return err
+	}
+	gen := g.authGen
+	g.setAuth(authMap(claims))
+	if !c.ready {
+		return nil
+	}
+	if !changed {
+		if gen == g.authGen {
+			return nil
+		}
+		snap, err := g.s.openSnapshot(ctx)
+		if err != nil || snap == nil {
+			return err
+		}
+		defer snap.close()
+		return g.syncAt(ctx, snap)
+	}
+	eff := &effects{g: g}
+	g.cc.RetransformConn(ctx, eff, ac)
+	g.dropIfBroken()
+	return eff.err
+}
+
+// authMap is what the legacy read rules bind authData to: a JWT's claims,
+// else an empty object.
+func authMap(claims map[string]any) map[string]any {
+	if claims == nil {
+		return map[string]any{}
+	}
+	return claims
 }
 
 func (g *group) detach(c *conn) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if g.conns[c.clientID] == c {
 		delete(g.conns, c.clientID)
+		// A newer socket of the client has its own record, maybe under
+		// the same wsid.
+		g.cc.Close(c.selector())
 	}
 	if len(g.conns) == 0 {
 		now := time.Now()
@@ -93,8 +145,8 @@ func (g *group) current(c *conn) bool { return g.conns[c.clientID] == c }
 // initConnection registers the client and its queries, then catches it up
 // (server-model.md §5.2).
 func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectionBody) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if !g.current(c) {
 		return nil
 	}
@@ -141,11 +193,23 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 			return err
 		}
 	}
+	if _, err := g.cc.InitConnection(c.selector(), endpoint{body.UserQueryURL, body.UserQueryHeaders},
+		endpoint{body.UserPushURL, body.UserPushHeaders}); err != nil {
+		return err
+	}
+	// Auth is checked before any data is sent (server-model.md §10.5).
+	if err := g.validateConn(ctx, c); err != nil {
+		return err
+	}
+	missing, err := g.viaConn(c, false)
+	if err != nil {
+		return err
+	}
 	asts, err := parseASTs(body.DesiredQueriesPatch, snap)
 	if err != nil {
 		return err
 	}
-	if err := g.catchUpTo(ctx, snap); err != nil {
+	if err := g.catchUpTo(ctx, snap, missing); err != nil {
 		return err
 	}
 	now := g.ttlClock(time.Now())
@@ -176,8 +240,14 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 		}
 	}
 	c.ready = true
-	if err := g.finishConfig(ctx, u, snap); err != nil {
+	all := *missing
+	all.all = true
+	if err := g.finishConfig(ctx, u, snap, &all); err != nil {
 		return err
+	}
+	if snap != nil {
+		// The pipelines are synced: background retransforms may run.
+		g.cc.SetRetransformReady(true)
 	}
 	g.ackDeletes(deleted)
 	return nil
@@ -186,17 +256,32 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 // catchUpTo brings an existing group's rows to snap before a config change,
 // as zero-cache's view-syncer keeps advancing while loaded: a returning
 // client's catch-up then carries the config and row changes in one poke.
-func (g *group) catchUpTo(ctx context.Context, snap *snapshot) error {
+func (g *group) catchUpTo(ctx context.Context, snap *snapshot, v *via) error {
 	if snap == nil || g.cvr.version == "" || !g.cold && snap.version <= stateOf(g.cvr.version) {
 		return nil
 	}
-	return g.syncAt(ctx, snap)
+	return g.syncForClient(ctx, snap, v)
+}
+
+// syncForClient syncs the group at snap for a config change of v's client,
+// transforming the synced queries with its credentials. A transform
+// failure is the client's: an auth failure also invalidates its
+// connection (server-model.md §10.5).
+func (g *group) syncForClient(ctx context.Context, snap *snapshot, v *via) error {
+	val, err := g.syncVia(ctx, snap, v)
+	if err != nil {
+		if appapi.IsAuth(err) {
+			g.cc.Fail(v.ac.Selector, v.ac.Revision)
+		}
+		return err
+	}
+	return g.validateVia(v, val)
 }
 
 // finishConfig flushes a config update, poking only if it changed
 // something, then syncs the queries, which pokes every connection that
 // still needs one. So a reconnecting client gets one catch-up poke.
-func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot) error {
+func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot, v *via) error {
 	changed := u.version != u.from
 	if changed {
 		if err := g.flush(ctx, u); err != nil {
@@ -208,7 +293,7 @@ func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot) err
 		// the drain (Server.drain).
 		start := time.Now()
 		defer func() { g.syncTime += time.Since(start) }()
-		return g.syncAt(ctx, snap)
+		return g.syncForClient(ctx, snap, v)
 	}
 	if !changed {
 		g.poke(u)
@@ -217,8 +302,8 @@ func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot) err
 }
 
 func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPatchOp) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if !g.current(c) {
 		return nil
 	}
@@ -236,17 +321,21 @@ func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPa
 	if err != nil {
 		return err
 	}
-	if err := g.catchUpTo(ctx, snap); err != nil {
+	v, err := g.viaConn(c, false)
+	if err != nil {
+		return err
+	}
+	if err := g.catchUpTo(ctx, snap, v); err != nil {
 		return err
 	}
 	u := g.beginConfig()
 	g.applyPatch(u, c.clientID, ops, asts, g.ttlClock(time.Now()))
-	return g.finishConfig(ctx, u, snap)
+	return g.finishConfig(ctx, u, snap, v)
 }
 
 func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if !g.current(c) {
 		return nil
 	}
@@ -257,7 +346,11 @@ func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error 
 	if snap != nil {
 		defer snap.close()
 	}
-	if err := g.catchUpTo(ctx, snap); err != nil {
+	v, err := g.viaConn(c, false)
+	if err != nil {
+		return err
+	}
+	if err := g.catchUpTo(ctx, snap, v); err != nil {
 		return err
 	}
 	u := g.beginConfig()
@@ -267,7 +360,7 @@ func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error 
 			g.deleteClient(u, id, now)
 		}
 	}
-	if err := g.finishConfig(ctx, u, snap); err != nil {
+	if err := g.finishConfig(ctx, u, snap, v); err != nil {
 		return err
 	}
 	g.ackDeletes(ids)

@@ -14,6 +14,21 @@ type metrics struct {
 	hydrations  prometheus.Counter
 	fallbacks   prometheus.Counter
 	rowsRead    prometheus.Counter
+
+	// zero-cache's metrics of seed 000 and server-model.md §11, named as
+	// zero.<category>.<name> is on a Prometheus endpoint.
+	lockWait             prometheus.Histogram
+	pipelineResets       *prometheus.CounterVec
+	transformations      *prometheus.CounterVec
+	transformTime        prometheus.Histogram
+	transformHashChanges prometheus.Counter
+	transformNoOps       prometheus.Counter
+	queries              prometheus.Gauge
+	rows                 prometheus.Gauge
+	groupQueries         prometheus.Histogram
+	groupRows            prometheus.Histogram
+	pushes               prometheus.Counter
+	customMutations      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -46,11 +61,65 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "jetsync", Subsystem: "sync", Name: "replica_rows_read_total",
 			Help: "Replica rows read to hydrate and update queries.",
 		}),
+		lockWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "lock_wait_time_seconds",
+			Help:    "Time spent waiting to acquire a client group's lock (zero.sync.lock-wait-time).",
+			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5},
+		}),
+		pipelineResets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "pipeline_resets_total",
+			Help: "Pipeline resets, by reason (zero.sync.pipeline-resets).",
+		}, []string{"reason"}),
+		transformations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "query_transformations_total",
+			Help: "Synced-query transform requests, by result (zero.sync.query.transformations).",
+		}, []string{"result"}),
+		transformTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "query_transformation_time_seconds",
+			Help:    "Time of synced-query transform requests (zero.sync.query.transformation-time).",
+			Buckets: prometheus.ExponentialBuckets(.001, 2.5, 10),
+		}),
+		transformHashChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "query_transformation_hash_changes_total",
+			Help: "Re-transforms whose AST changed, replacing the pipeline (zero.sync.query.transformation-hash-changes).",
+		}),
+		transformNoOps: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "query_transformation_no_ops_total",
+			Help: "Re-transforms with an unchanged AST (zero.sync.query.transformation-no-ops).",
+		}),
+		queries: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "queries",
+			Help: "Queries of the loaded client groups' CVRs (zero.sync.queries).",
+		}),
+		rows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "rows",
+			Help: "Rows of the loaded client groups' CVRs (zero.sync.rows).",
+		}),
+		groupQueries: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "client_group_queries",
+			Help:    "Queries per client group, observed at each CVR flush.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		groupRows: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "client_group_rows",
+			Help:    "Rows per client group, observed at each CVR flush.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 12),
+		}),
+		pushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "zero", Subsystem: "mutation", Name: "pushes_total",
+			Help: "Pushes of custom mutations forwarded to the mutate endpoint (zero.mutation.pushes).",
+		}),
+		customMutations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "zero", Subsystem: "mutation", Name: "custom_total",
+			Help: "Custom mutations forwarded to the mutate endpoint (zero.mutation.custom).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.connections, m.pokes, m.advances, m.closedSlow, m.hydrations, m.fallbacks, m.rowsRead} {
+	for _, c := range []prometheus.Collector{m.connections, m.pokes, m.advances, m.closedSlow, m.hydrations, m.fallbacks, m.rowsRead,
+		m.lockWait, m.pipelineResets, m.transformations, m.transformTime, m.transformHashChanges, m.transformNoOps,
+		m.queries, m.rows, m.groupQueries, m.groupRows, m.pushes, m.customMutations} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

@@ -22,13 +22,14 @@ type pokePartHead struct {
 	LastMutationIDChanges map[string]float64      `json:"lastMutationIDChanges,omitempty"`
 	DesiredQueriesPatches map[string][]queryPatch `json:"desiredQueriesPatches,omitempty"`
 	GotQueriesPatch       []queryPatch            `json:"gotQueriesPatch,omitempty"`
+	MutationsPatch        []json.RawMessage       `json:"mutationsPatch,omitempty"`
 }
 
 // encodePokePart encodes a pokePart frame as encodeFrame would, but writes
 // the rows by hand: a whole-table hydration pokes 100k of them, and
 // reflection over each row's map dominated its encoding.
 func encodePokePart(p *pokePartBody, size int) ([]byte, error) {
-	head, err := json.Marshal(pokePartHead{p.PokeID, p.LastMutationIDChanges, p.DesiredQueriesPatches, p.GotQueriesPatch})
+	head, err := json.Marshal(pokePartHead{p.PokeID, p.LastMutationIDChanges, p.DesiredQueriesPatches, p.GotQueriesPatch, p.MutationsPatch})
 	if err != nil {
 		return nil, fmt.Errorf("encode pokePart: %w", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/jetsync/jetsync/consumers/appapi"
 )
 
 // Protocol versions (sync-protocol.md §1).
@@ -29,6 +31,7 @@ const (
 	kindSchemaVersionNotSupported   = "SchemaVersionNotSupported"
 	kindInternal                    = "Internal"
 	kindRehome                      = "Rehome"
+	kindServerOverloaded            = "ServerOverloaded"
 )
 
 // protocolError is an error the client is told about, in an "error" frame,
@@ -116,6 +119,8 @@ type upstream struct {
 	ChangeDesiredQueries *changeDesiredQueriesBody
 	DeleteClients        *deletedClients
 	UpdateAuth           *updateAuthBody
+	Push                 *appapi.PushBody
+	AckMutationResponses *appapi.MutationID
 }
 
 // errInvalidMessage is wrapped by every decodeUpstream error.
@@ -175,7 +180,22 @@ func decodeUpstream(b []byte) (*upstream, error) {
 		if err := decodeObject(body, u.UpdateAuth); err != nil {
 			return nil, invalidMessage("%s: %v", tag, err)
 		}
-	case tagPing, tagPush, tagAckMutationResponses, tagPull, tagInspect:
+	case tagPush:
+		u.Push = &appapi.PushBody{}
+		if err := decodeObject(body, u.Push); err != nil {
+			return nil, invalidMessage("%s: %v", tag, err)
+		}
+		for i, m := range u.Push.Mutations {
+			if m.Type != "custom" && m.Type != "crud" {
+				return nil, invalidMessage("%s: mutations[%d]: unknown type %q", tag, i, m.Type)
+			}
+		}
+	case tagAckMutationResponses:
+		u.AckMutationResponses = &appapi.MutationID{}
+		if err := decodeObject(body, u.AckMutationResponses); err != nil {
+			return nil, invalidMessage("%s: %v", tag, err)
+		}
+	case tagPing, tagPull, tagInspect:
 		var m map[string]json.RawMessage
 		if err := decodeObject(body, &m); err != nil {
 			return nil, invalidMessage("%s: %v", tag, err)
@@ -287,6 +307,7 @@ type pokePartBody struct {
 	LastMutationIDChanges map[string]float64      `json:"lastMutationIDChanges,omitempty"`
 	DesiredQueriesPatches map[string][]queryPatch `json:"desiredQueriesPatches,omitempty"`
 	GotQueriesPatch       []queryPatch            `json:"gotQueriesPatch,omitempty"`
+	MutationsPatch        []json.RawMessage       `json:"mutationsPatch,omitempty"`
 	RowsPatch             []rowPatch              `json:"rowsPatch,omitempty"`
 }
 

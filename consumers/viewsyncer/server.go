@@ -27,6 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite" // the replica's driver
 
+	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/connctx"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/zql"
@@ -89,10 +91,34 @@ type Config struct {
 	// groups inactive longer than GC.Inactivity (cvrstore.Purger); peers
 	// sharing the CVR stream take turns.
 	GC cvrstore.GCConfig
+	// API configures the app's API server: the query endpoint that
+	// transforms synced queries and the mutate endpoint that runs custom
+	// mutators (ZERO_QUERY_URL, ZERO_MUTATE_URL and their settings). Its
+	// AppID and ShardNum come from Shard.
+	API appapi.Config
+	// RevalidateInterval and RetransformInterval are
+	// ZERO_AUTH_REVALIDATE_INTERVAL_SECONDS and
+	// ZERO_AUTH_RETRANSFORM_INTERVAL_SECONDS: how often a validated
+	// connection's credentials are checked again, and how often a group's
+	// synced queries are transformed again with its background
+	// connection's. 0 disables either.
+	RevalidateInterval, RetransformInterval time.Duration
+	// Clock drives auth maintenance; nil means the system clock.
+	Clock connctx.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, gets the server's metrics.
 	Registerer prometheus.Registerer
+}
+
+// apiConfig is API with the shard's app ID and number.
+func (c Config) apiConfig() appapi.Config {
+	a := c.API
+	a.AppID, a.ShardNum = c.Shard.App, c.Shard.Num
+	if a.Logger == nil {
+		a.Logger = c.Logger
+	}
+	return a
 }
 
 func (c Config) withDefaults() Config {
@@ -133,20 +159,30 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
+	if err := (connctx.Config{RevalidateInterval: c.RevalidateInterval, RetransformInterval: c.RetransformInterval}).Validate(); err != nil {
+		return err
+	}
+	if err := c.apiConfig().Validate(); err != nil {
+		return err
+	}
 	return c.validateAuth()
 }
 
 // Server is the view-syncer.
 type Server struct {
-	cfg          Config
-	log          *slog.Logger
-	db           *sql.DB
-	store        cvrStore
-	purger       *cvrstore.Purger // nil: no garbage collection
-	auth         *tokenVerifier   // nil: no key configured
-	metrics      *metrics
-	clientsTable string
-	permsTable   string
+	cfg     Config
+	log     *slog.Logger
+	db      *sql.DB
+	store   cvrStore
+	purger  *cvrstore.Purger // nil: no garbage collection
+	auth    *tokenVerifier   // nil: no key configured
+	api     *appapi.Client   // nil: no query or mutate URL configured
+	metrics *metrics
+	// bg tracks the groups' pushers, which closeAll waits for.
+	bg             sync.WaitGroup
+	clientsTable   string
+	mutationsTable string
+	permsTable     string
 
 	// draining is set once Run ends: new connections are sent away.
 	draining atomic.Bool
@@ -171,6 +207,12 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var api *appapi.Client
+	if ac := cfg.apiConfig(); ac.Query.Configured() || ac.Mutate.Configured() {
+		if api, err = appapi.New(ac); err != nil {
+			return nil, err
+		}
+	}
 	db, err := sql.Open("sqlite", "file:"+cfg.ReplicaFile+"?mode=ro&_pragma=busy_timeout(5000)")
 	if err != nil {
 		return nil, fmt.Errorf("open replica: %w", err)
@@ -188,16 +230,18 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	return &Server{
-		cfg:          cfg,
-		log:          log,
-		db:           db,
-		store:        store,
-		purger:       purger,
-		auth:         auth,
-		metrics:      m,
-		clientsTable: projreplica.TableName(cfg.Shard.ID(), "clients"),
-		permsTable:   projreplica.TableName(cfg.Shard.App, "permissions"),
-		groups:       map[string]*group{},
+		cfg:            cfg,
+		log:            log,
+		db:             db,
+		store:          store,
+		purger:         purger,
+		auth:           auth,
+		api:            api,
+		metrics:        m,
+		clientsTable:   projreplica.TableName(cfg.Shard.ID(), "clients"),
+		mutationsTable: projreplica.TableName(cfg.Shard.ID(), "mutations"),
+		permsTable:     projreplica.TableName(cfg.Shard.App, "permissions"),
+		groups:         map[string]*group{},
 	}, nil
 }
 
@@ -356,6 +400,9 @@ func (s *Server) evictLoop(ctx context.Context) {
 					continue
 				default:
 				}
+				if g.maintenanceDue() {
+					g.maintain(ctx)
+				}
 				if g.unloadIfIdle(ctx, now) {
 					s.removeGroup(g)
 					s.store.unload(ctx, g.cvr)
@@ -402,6 +449,7 @@ const (
 // meanwhile are sent away with Rehome.
 func (s *Server) closeAll() {
 	s.draining.Store(true)
+	defer s.bg.Wait()
 	groups := s.groupList()
 	if len(groups) == 0 {
 		return
@@ -426,14 +474,15 @@ func (s *Server) closeAll() {
 func (s *Server) drainGroup(g *group) time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	for _, c := range g.conns {
 		c.ready = false
 	}
 	if !g.unloaded {
 		g.persistClock(ctx)
 		g.unloaded = true
+		g.stopLocked()
 		s.removeGroup(g)
 		s.store.unload(ctx, g.cvr)
 	}
@@ -460,8 +509,9 @@ func (s *Server) group(ctx context.Context, id string) (*group, error) {
 		g = &group{
 			s: s, id: id, log: s.log.With("client_group", id),
 			pipelines: map[string]*pipeline{}, conns: map[string]*conn{},
-			loaded: make(chan struct{}),
+			loaded: make(chan struct{}), maint: make(chan struct{}, 1),
 		}
+		g.cc = s.newAuthManager(g)
 		s.groups[id] = g
 		s.mu.Unlock()
 		c, err := s.store.load(ctx, id)
@@ -498,6 +548,7 @@ func (s *Server) leaseLost(g *group) {
 	g.mu.Lock()
 	if !g.unloaded {
 		g.unloaded = true
+		g.stopLocked()
 		g.log.Info("cvr lease lost; closing the group's connections", "err", g.cvr.dg.lease.Err())
 		perr := ownershipError(s.ownerOf(g.id), time.Now())
 		for _, c := range g.conns {
@@ -585,11 +636,27 @@ func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
 // lmidsAST is the internal query for a group's rows of the clients table,
 // or nil when the replica has no such table.
 func (s *Server) lmidsAST(groupID string, sch *schema) *zql.AST {
-	ts, ok := sch.tables[s.clientsTable]
+	return internalAST(s.clientsTable, groupID, sch, "clientGroupID", "clientID", "lastMutationID")
+}
+
+// mutationsAST is the internal query for a group's rows of the mutations
+// table (the results of custom mutations), or nil when the replica has no
+// such table.
+func (s *Server) mutationsAST(groupID string, sch *schema) *zql.AST {
+	return internalAST(s.mutationsTable, groupID, sch, "clientGroupID", "clientID", "mutationID", "result")
+}
+
+// internalAST selects a group's rows of one of the shard's tables, which
+// must have the columns cols.
+func internalAST(table, groupID string, sch *schema, cols ...string) *zql.AST {
+	ts, ok := sch.tables[table]
 	if !ok {
 		return nil
 	}
-	need := map[string]bool{"clientGroupID": true, "clientID": true, "lastMutationID": true}
+	need := map[string]bool{}
+	for _, c := range cols {
+		need[c] = true
+	}
 	for _, c := range ts.columns {
 		delete(need, c.Name)
 	}
@@ -597,7 +664,7 @@ func (s *Server) lmidsAST(groupID string, sch *schema) *zql.AST {
 		return nil
 	}
 	b, _ := json.Marshal(map[string]any{
-		"table": s.clientsTable,
+		"table": table,
 		"where": map[string]any{
 			"type":  "simple",
 			"op":    "=",
@@ -616,8 +683,8 @@ func (s *Server) lmidsAST(groupID string, sch *schema) *zql.AST {
 // changed table (re-hydrating all of them when changed is nil). Groups without
 // connections wait: they re-hydrate when a client returns.
 func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if !g.hasReady() || g.unloaded || snap.version <= stateOf(g.cvr.version) {
 		return nil
 	}
@@ -634,6 +701,7 @@ func (g *group) dropIfBroken() {
 		return
 	}
 	g.unloaded = true
+	g.stopLocked()
 	g.s.dropGroup(g)
 	for _, c := range g.conns {
 		c.ready = false
@@ -654,8 +722,8 @@ func (s *Server) dropGroup(g *group) {
 
 // evict removes the queries whose TTL ran out.
 func (g *group) evict(ctx context.Context, now time.Time) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if !g.hasReady() || g.unloaded {
 		return nil
 	}
@@ -695,16 +763,25 @@ func (g *group) hasReady() bool {
 // and gives its lease up. Its pipelines go with it: a returning client
 // re-hydrates them from the durable CVR.
 func (g *group) unloadIfIdle(ctx context.Context, now time.Time) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	unlock := g.lock()
+	defer unlock()
 	if g.unloaded || len(g.conns) > 0 || now.Sub(g.idleSince) < g.s.cfg.GroupIdle {
 		return false
 	}
 	g.persistClock(ctx)
 	g.unloaded = true
+	g.stopLocked()
 	g.pipelines = nil
 	g.log.Debug("unloaded idle client group")
 	return true
+}
+
+// stopLocked stops what runs for a group leaving memory: its maintenance
+// timer and its pusher.
+func (g *group) stopLocked() {
+	g.count(true)
+	g.cc.Stop()
+	g.stopPusherLocked()
 }
 
 // persistClock writes the TTL clock, which only a durable store keeps, and

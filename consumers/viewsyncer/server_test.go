@@ -302,7 +302,7 @@ func TestServer_Handshake(t *testing.T) {
 	t.Run("PushWithoutMutateURL", func(t *testing.T) {
 		c := connect(t, e, dialOpts{group: "g11", client: "c1", init: initFrame(testSchema)})
 		c.hydrated()
-		c.send(`["push",{"clientGroupID":"g11","mutations":[],"pushVersion":1,"timestamp":1,"requestID":"r"}]`)
+		c.send(`["push",{"clientGroupID":"g11","mutations":[{"type":"custom","id":1,"clientID":"c1","name":"m","args":[null],"timestamp":1}],"pushVersion":1,"timestamp":1,"requestID":"r"}]`)
 		c.expectError(kindInvalidPush, "A ZERO_MUTATE_URL must be set", closeNormal)
 	})
 }

@@ -326,6 +326,7 @@ func summarize(t testing.TB, frames []json.RawMessage) pokeSummary {
 				LastMutationIDChanges map[string]json.RawMessage   `json:"lastMutationIDChanges"`
 				DesiredQueriesPatches map[string][]json.RawMessage `json:"desiredQueriesPatches"`
 				GotQueriesPatch       []json.RawMessage            `json:"gotQueriesPatch"`
+				MutationsPatch        []json.RawMessage            `json:"mutationsPatch"`
 				RowsPatch             []json.RawMessage            `json:"rowsPatch"`
 			}
 			if err := json.Unmarshal(body, &b); err != nil {
@@ -344,6 +345,9 @@ func summarize(t testing.TB, frames []json.RawMessage) pokeSummary {
 			}
 			for _, p := range b.RowsPatch {
 				s.patches = append(s.patches, "row "+canon(p))
+			}
+			for _, p := range b.MutationsPatch {
+				s.patches = append(s.patches, "mutation "+canon(p))
 			}
 		default:
 			t.Fatalf("%s inside a poke", tag)
@@ -444,6 +448,27 @@ func TestTranscripts(t *testing.T) {
 		"auth-error-wrong-subject",
 		// Last: its DDL changes the issue table, though it ends as it began.
 		"upstream-ddl-legacy",
+	} {
+		t.Run(name, func(t *testing.T) { replay(t, e, name) })
+	}
+}
+
+// TestTranscripts_Synced replays the transcripts of synced queries and
+// custom mutations against a view-syncer whose API server (apiServer)
+// transforms the queries and runs the mutators.
+func TestTranscripts_Synced(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 1000, secret: captureSecret, api: true})
+	for _, name := range []string{
+		"connect-hydrate-custom",
+		"connect-with-initial-queries",
+		"hydrate-all-shapes-custom",
+		"hydrate-all-shapes-legacy",
+		"upstream-insert-update-delete",
+		"idle-ping-pong",
+		"change-desired-queries-add-remove",
+		"reconnect-basecookie",
+		"reopen-persisted-state",
+		"mutation-push",
 	} {
 		t.Run(name, func(t *testing.T) { replay(t, e, name) })
 	}

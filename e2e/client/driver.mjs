@@ -19,6 +19,13 @@
 //   {"cmd":"unquery","client":"a","id":"q1"}      destroys the view
 //   {"cmd":"local","client":"a","table":"issue"}  the table's rows in the client's
 //                                                 store, whichever queries hold them
+//      with "synced":true and a "shape", the query is the synced query
+//      queries.<shape>(args): name and args on the wire, the server asks the
+//      app's query endpoint for the AST
+//   {"cmd":"mutate","client":"a","id":"m1","name":"issue.setTitle","args":{...}}
+//      runs a custom mutator (api-server.mjs's definitions); the ack follows
+//      the optimistic (client) result, then a "mutation" event reports the
+//      server's: {"event":"mutation","client":...,"id":...,"rows":<details>}
 //   {"cmd":"connect","client":"a","auth":"<jwt>"}  leaves needs-auth
 //   {"cmd":"close","client":"a"}
 //   {"cmd":"exit"}
@@ -39,9 +46,22 @@
 //   {"event":"frame","client":...,"id":"<tag, e.g. pokeStart>","rows":<body>}
 //      every downstream message the client receives, in order
 import readline from 'node:readline';
-import {Zero} from '@rocicorp/zero';
+import {Zero, defineMutator, defineMutators} from '@rocicorp/zero';
 import {schema} from './app/schema.mjs';
-import {shapes} from './app/queries.mjs';
+import {queries, shapes} from './app/queries.mjs';
+
+// The custom mutators of ../../shared/spec/transcripts/app/mutators.mjs, as
+// api-server.mjs runs them on the server.
+const mutators = defineMutators({
+  issue: {
+    setTitle: defineMutator(async ({tx, args}) => {
+      await tx.mutate.issue.update({id: args.id, title: args.title, modified: args.modified});
+    }),
+  },
+  failing: defineMutator(async ({tx, args}) => {
+    if (tx.location === 'server') throw new Error(`server rejected: ${args?.why ?? 'always'}`);
+  }),
+});
 
 const clients = new Map();
 
@@ -117,6 +137,11 @@ function buildQuery(q, d) {
 }
 
 function query(z, d) {
+  if (d.shape && d.synced) {
+    const fn = queries[d.shape];
+    if (!fn) throw new Error(`unknown synced query ${d.shape}`);
+    return fn(d.args ?? {});
+  }
   if (d.shape) {
     const fn = shapes[d.shape];
     if (!fn) throw new Error(`unknown shape ${d.shape}`);
@@ -140,6 +165,7 @@ function open(c) {
     // userID and storageKey share the in-memory store.
     kvStore: 'mem',
     logLevel: c.logLevel ?? 'error',
+    mutators,
     pingTimeoutMs: c.pingTimeoutMs,
     // The defaults reload the page.
     onUpdateNeeded: reason => emit({event: 'update-needed', client: name, reason}),
@@ -198,6 +224,18 @@ async function handle(c) {
       view.destroy();
       views.delete(c.id);
       return;
+    }
+    case 'mutate': {
+      const {z} = mustClient(c.client);
+      const path = c.name.split('.');
+      let m = mutators;
+      for (const k of path) m = m?.[k];
+      if (typeof m !== 'function') throw new Error(`unknown mutator ${c.name}`);
+      const r = z.mutate(m(c.args ?? {}));
+      r.server.then(
+        details => emit({event: 'mutation', client: c.client, id: c.id, rows: details}),
+        err => emit({event: 'mutation', client: c.client, id: c.id, error: String(err?.stack ?? err)}));
+      return {rows: await r.client};
     }
     case 'local': {
       const {z} = mustClient(c.client);

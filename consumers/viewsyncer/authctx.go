@@ -1,0 +1,217 @@
+package viewsyncer
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/connctx"
+)
+
+// connAuth is a connection's resolved token: the raw string forwarded to
+// the API server, and a verified JWT's claims (nil for an opaque token).
+type connAuth struct {
+	token  string
+	claims map[string]any
+}
+
+// endpoint is a connection's context for one API endpoint: the client's
+// own URL (userQueryURL/userPushURL, "" for the configured one) and headers.
+type endpoint struct {
+	url     string
+	headers map[string]string
+}
+
+type (
+	authManager = connctx.Manager[connAuth, endpoint, endpoint]
+	authConn    = connctx.Conn[connAuth, endpoint, endpoint]
+)
+
+// newAuthManager returns a group's connection context manager. Its timer
+// only signals g.maint; Run's evict loop then runs the maintenance under
+// the group's lock.
+func (s *Server) newAuthManager(g *group) *authManager {
+	m, err := connctx.New[connAuth, endpoint, endpoint](connctx.Config{
+		RevalidateInterval:  s.cfg.RevalidateInterval,
+		RetransformInterval: s.cfg.RetransformInterval,
+		Clock:               s.cfg.Clock,
+		Wake: func() {
+			select {
+			case g.maint <- struct{}{}:
+			default:
+			}
+		},
+		Logger: g.log,
+	})
+	if err != nil {
+		panic(err) // the intervals were validated with the server's Config
+	}
+	return m
+}
+
+// selector is the connection's key in the group's auth manager.
+func (c *conn) selector() connctx.Selector {
+	return connctx.Selector{ClientID: c.clientID, WSID: c.wsID}
+}
+
+func userOf(id string) connctx.User {
+	if id == "" {
+		return connctx.User{}
+	}
+	return connctx.UserOf(id)
+}
+
+// apiConn is what a request to the API server carries for the connection
+// with record ac.
+func (c *conn) apiConn(ac authConn) appapi.Conn {
+	r := c.upgrade
+	r.UserID, r.Token = c.userID, ac.Auth.token
+	return r
+}
+
+// validation converts the API server's vouching into the manager's.
+func validation(v appapi.Validation) connctx.Validation {
+	out := connctx.Validation{Server: v.Server}
+	if v.UserID != nil {
+		out.UserID = connctx.UserOf(*v.UserID)
+	}
+	return out
+}
+
+// classify marks an API failure for the manager: 401/403 is an auth
+// failure, any other Failure transient; other errors stay fatal.
+func classify(err error) error {
+	var f *appapi.Failure
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &f) && f.Auth():
+		return connctx.AuthError(err)
+	case errors.As(err, &f):
+		return connctx.TransientError(err)
+	}
+	var ce *connctx.Error
+	if errors.As(err, &ce) && ce.Kind == connctx.KindUnauthorized {
+		return connctx.AuthError(err)
+	}
+	return err
+}
+
+// validateConn checks c's credentials with the empty transform (or a
+// client-fallback success without a query URL) and records the result.
+// An auth failure removes c's record; the caller fails c with the error.
+func (g *group) validateConn(ctx context.Context, c *conn) error {
+	ac, err := g.cc.MustConn(c.selector())
+	if err != nil {
+		return err
+	}
+	v := connctx.Validation{}
+	if g.s.api != nil {
+		av, err := g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
+		if err != nil {
+			if appapi.IsAuth(err) {
+				g.cc.Fail(ac.Selector, ac.Revision)
+			}
+			return err
+		}
+		v = validation(av)
+	}
+	if _, _, err := g.cc.Validate(ac.Selector, ac.Revision, v); err != nil {
+		g.cc.Fail(ac.Selector, ac.Revision)
+		return err
+	}
+	return nil
+}
+
+// connOf returns the live connection of a manager record.
+func (g *group) connOf(ac authConn) *conn {
+	c := g.conns[ac.ClientID]
+	if c == nil || c.wsID != ac.WSID {
+		return nil
+	}
+	return c
+}
+
+// effects are the manager's Effects; the group's lock is held while
+// Maintain or RetransformConn run them.
+type effects struct {
+	g   *group
+	err error // a sync error that is not the API server's: fatal
+}
+
+func (e *effects) Revalidate(ctx context.Context, ac authConn) (connctx.Validation, error) {
+	g := e.g
+	c := g.connOf(ac)
+	if c == nil {
+		return connctx.Validation{}, connctx.TransientError(errors.New("connection gone"))
+	}
+	if g.s.api == nil {
+		return connctx.Validation{}, nil
+	}
+	v, err := g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
+	if err != nil {
+		return connctx.Validation{}, classify(err)
+	}
+	return validation(v), nil
+}
+
+func (e *effects) Retransform(ctx context.Context, ac authConn) (*connctx.Validation, error) {
+	g := e.g
+	c := g.connOf(ac)
+	if c == nil {
+		return nil, connctx.TransientError(errors.New("connection gone"))
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil || snap == nil {
+		return nil, err
+	}
+	defer snap.close()
+	v, err := g.syncVia(ctx, snap, &via{c: c, ac: ac, all: true})
+	if err != nil {
+		if c := classify(err); c != err {
+			return nil, c
+		}
+		var perr *protocolError
+		if errors.As(err, &perr) {
+			return nil, err
+		}
+		e.err = err
+		return nil, err
+	}
+	return v, nil
+}
+
+func (e *effects) FailConnection(ac authConn, err error) {
+	if c := e.g.connOf(ac); c != nil {
+		c.ready = false
+		c.failErr(err)
+	}
+}
+
+// maintain runs the group's due auth maintenance (Run's evict loop calls it
+// after the manager's timer fired). An error other than the API server's
+// is fatal for the group: its clients are sent away.
+func (g *group) maintain(ctx context.Context) {
+	unlock := g.lock()
+	defer unlock()
+	if g.unloaded || g.broken {
+		return
+	}
+	eff := &effects{g: g}
+	if err := g.cc.Maintain(ctx, eff); err != nil {
+		g.log.Error("auth maintenance", "err", err)
+		g.cc.Stop()
+		g.broken = true
+	}
+	g.dropIfBroken()
+}
+
+// maintenanceDue reports whether the manager's timer fired for g.
+func (g *group) maintenanceDue() bool {
+	select {
+	case <-g.maint:
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,177 @@
+package viewsyncer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/connctx"
+)
+
+// via is the connection whose credentials transform the group's synced
+// queries (server-model.md §9.1): all of them (initConnection, updateAuth,
+// the background retransform), or only those without a pipeline.
+type via struct {
+	c   *conn
+	ac  authConn
+	all bool
+}
+
+// viaConn is c's current record, for a config change c asked for.
+func (g *group) viaConn(c *conn, all bool) (*via, error) {
+	ac, err := g.cc.MustConn(c.selector())
+	if err != nil {
+		return nil, err
+	}
+	return &via{c: c, ac: ac, all: all}, nil
+}
+
+// syncVia transforms the synced queries through v, then syncs the group at
+// snap. It returns the validation an uncached transform response gave, nil
+// when there was none. A failed transform leaves the group as it was: its
+// error (a *appapi.Failure) is for v's client, not the group's.
+func (g *group) syncVia(ctx context.Context, snap *snapshot, v *via) (*connctx.Validation, error) {
+	val, err := g.transform(ctx, v, g.ttlClock(time.Now()))
+	if err != nil {
+		return nil, err
+	}
+	return val, g.syncAt(ctx, snap)
+}
+
+// transform resolves the group's synced queries through the query endpoint
+// with v's credentials, as zero-cache's #syncQueryPipelineSet does: an AST
+// replaces the query's, a per-query error removes the query's pipeline
+// (on the next sync) and goes to the clients that want it as transformError.
+func (g *group) transform(ctx context.Context, v *via, clock float64) (*connctx.Validation, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var qs []appapi.Query
+	for _, h := range sortedKeys(g.cvr.queries) {
+		q := g.cvr.queries[h]
+		if q.name == "" || g.queryExpired(h, clock) {
+			continue
+		}
+		if _, ok := g.pipelines[h]; ok && q.ast != nil && !v.all {
+			continue
+		}
+		qs = append(qs, appapi.Query{ID: h, Name: q.name, Args: q.args})
+	}
+	if len(qs) == 0 {
+		return nil, nil
+	}
+	if g.s.api == nil || !g.s.api.Config().Query.Configured() {
+		g.log.Warn("Custom/named queries were requested but no `ZERO_QUERY_URL` is configured for Zero Cache.")
+		return nil, nil
+	}
+	m := g.s.metrics
+	start := time.Now()
+	res, err := g.s.api.Transform(ctx, appapi.TransformRequest{
+		Conn: v.c.apiConn(v.ac), URL: v.ac.Query.url, Headers: v.ac.Query.headers, Queries: qs,
+	})
+	m.transformTime.Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.transformations.WithLabelValues("error").Inc()
+		return nil, err
+	}
+	m.transformations.WithLabelValues("success").Inc()
+	byClient := map[string][]*appapi.QueryError{}
+	for _, r := range res.Queries {
+		q := g.cvr.queries[r.ID]
+		if q == nil || q.name == "" {
+			continue
+		}
+		if r.Error != nil {
+			g.log.Warn("Error transforming custom query "+q.name+": "+r.Error.Kind, "query", r.ID, "message", r.Error.Message)
+			q.ast, q.transformErr = nil, r.Error
+			for id, cr := range g.cvr.clients {
+				if _, ok := cr.desired[r.ID]; ok {
+					byClient[id] = append(byClient[id], r.Error)
+				}
+			}
+			continue
+		}
+		if q.transformationHash != "" {
+			if q.transformationHash != r.TransformationHash {
+				g.log.Info("query transformation changed", "query", r.ID, "from", q.transformationHash, "to", r.TransformationHash)
+				m.transformHashChanges.Inc()
+			} else {
+				m.transformNoOps.Inc()
+			}
+		}
+		q.ast, q.transformationHash, q.transformErr = r.AST, r.TransformationHash, nil
+	}
+	for id, errs := range byClient {
+		if c := g.conns[id]; c != nil && c.ready {
+			if b, err := encodeFrame("transformError", errs); err == nil {
+				c.enqueue(b)
+			}
+		}
+	}
+	if res.Cached {
+		return nil, nil
+	}
+	val := validation(res.Validation)
+	return &val, nil
+}
+
+// validateVia records the validation a transform through v gave. A
+// refusal (another user than the group's) fails v's connection.
+func (g *group) validateVia(v *via, val *connctx.Validation) error {
+	if v == nil || val == nil {
+		return nil
+	}
+	if _, _, err := g.cc.Validate(v.ac.Selector, v.ac.Revision, *val); err != nil {
+		g.cc.Fail(v.ac.Selector, v.ac.Revision)
+		return err
+	}
+	return nil
+}
+
+// pendingTransform reports whether q is a synced query still waiting for
+// its AST (not one the API server refused).
+func (q *queryRecord) pendingTransform() bool {
+	return q.name != "" && q.ast == nil && q.transformErr == nil
+}
+
+// errorFrame is the error frame for err and the close code after it: a
+// protocol error as it is, an API server failure as TransformFailed or
+// PushFailed, a connection context refusal as its kind.
+func errorFrame(err error) (body any, code int, message string) {
+	var perr *protocolError
+	if errors.As(err, &perr) {
+		return perr, perr.closeCode, perr.Message
+	}
+	var f *appapi.Failure
+	if errors.As(err, &f) {
+		code := closeNormal
+		if f.Auth() {
+			code = closeAuth
+		}
+		return f, code, f.Message
+	}
+	var ce *connctx.Error
+	if errors.As(err, &ce) {
+		if ce.Kind == connctx.KindUnauthorized {
+			return authError(ce.Kind, ce.Message), closeAuth, ce.Message
+		}
+		p := newProtocolError(ce.Kind, "%s", ce.Message)
+		return p, p.closeCode, p.Message
+	}
+	p := newProtocolError(kindInternal, "%v", err)
+	return p, p.closeCode, p.Message
+}
+
+// failErr sends err's error frame and closes.
+func (c *conn) failErr(err error) {
+	body, code, msg := errorFrame(err)
+	c.log.Debug("closing with error", "err", err)
+	if b, e := json.Marshal([]any{"error", body}); e == nil {
+		c.enqueue(b)
+	}
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	c.setClosingLocked(code, msg)
+}

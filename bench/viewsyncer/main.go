@@ -25,9 +25,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -59,6 +61,8 @@ type options struct {
 	rate     int
 	latQs    string
 	keep     bool
+	hold     bool
+	env      string
 	verbose  bool
 }
 
@@ -75,6 +79,8 @@ func main() {
 	flag.StringVar(&o.latQs, "latency-queries", strings.Join(shapes, ","), "the queries the latency client holds (issuesWithLabels must be one: the updates retitle its rows)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (Postgres, jetsync's data and log)")
 	flag.BoolVar(&o.verbose, "v", false, "print each run")
+	flag.StringVar(&o.env, "jetsync-env", "", "extra environment for jetsync, comma-separated KEY=VALUE pairs (such as JETSYNC_PPROF_ADDR=127.0.0.1:6060)")
+	flag.BoolVar(&o.hold, "hold", false, "after the measures, keep Postgres and jetsync running until interrupted (to point client.mjs or zero-cache at them)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "viewsyncer:", err)
@@ -119,7 +125,7 @@ func run(o options) error {
 	}
 	defer up.close()
 
-	js, err := startJetsync(ctx, bin, root, up.url)
+	js, err := startJetsync(ctx, bin, root, up.url, o.env)
 	if err != nil {
 		return err
 	}
@@ -185,6 +191,12 @@ func run(o options) error {
 		return err
 	}
 	rep.print(o)
+	if o.hold {
+		fmt.Printf("holding: upstream %s, sync endpoint %s, jetsync pid %d; interrupt to stop\n", up.url, js.base, js.cmd.Process.Pid)
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		<-sig
+	}
 	return nil
 }
 

@@ -106,10 +106,10 @@ type jetsync struct {
 	readyIn time.Duration
 }
 
-// startJetsync runs `jetsync run` on the upstream, with its own data folder
-// and in-process NATS, and returns once its replica has applied the initial
-// sync and its HTTP server answers.
-func startJetsync(ctx context.Context, bin, root, upstreamURL string) (*jetsync, error) {
+// startJetsync runs `jetsync run` on the upstream, with its own data folder,
+// in-process NATS and extraEnv (comma-separated KEY=VALUE pairs), and returns
+// once its replica has applied the initial sync and its HTTP server answers.
+func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) (*jetsync, error) {
 	logFile, err := os.Create(filepath.Join(root, "jetsync.log"))
 	if err != nil {
 		return nil, err
@@ -130,6 +130,11 @@ func startJetsync(ctx context.Context, bin, root, upstreamURL string) (*jetsync,
 		"JETSYNC_NATS_LISTEN=",
 		"ZERO_LOG_FORMAT=json",
 	)
+	for _, kv := range strings.Split(extraEnv, ",") {
+		if kv = strings.TrimSpace(kv); kv != "" {
+			j.cmd.Env = append(j.cmd.Env, kv)
+		}
+	}
 	j.cmd.Stderr = j.log
 	j.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	t0 := time.Now()

@@ -751,7 +751,10 @@ func (g *group) finishRows(u *update, compareValues bool) {
 			rec.patchVersion = u.v()
 			u.rows = append(u.rows, id)
 		case !live && st.live:
-			rec.refs, rec.patchVersion = nil, u.v()
+			// A tombstone needs only its key: a del carries that, and a
+			// row that comes back is read again. Keeping the value would
+			// hold a whole table's rows after its query goes.
+			rec.refs, rec.value, rec.patchVersion = nil, zql.RowValue{}, u.v()
 			u.rows = append(u.rows, id)
 		case !live && rec.patchVersion == "":
 			delete(g.cvr.rows, id) // never sent

@@ -180,6 +180,9 @@ func (h *hydration) emit(n *node, r *row) error {
 	seen := h.emitted[n]
 	if seen == nil {
 		seen = map[string]bool{}
+		if h.emitted == nil {
+			h.emitted = map[*node]map[string]bool{}
+		}
 		h.emitted[n] = seen
 	}
 	if seen[key] {
@@ -502,7 +505,7 @@ func clientValue(k Kind, v any) (any, error) {
 	case float64:
 		switch k {
 		case KindNumber:
-			return x, nil
+			return v, nil // as boxed already: re-boxing allocates
 		case KindBoolean:
 			return x != 0, nil
 		}
@@ -516,7 +519,7 @@ func clientValue(k Kind, v any) (any, error) {
 	case string:
 		switch k {
 		case KindString:
-			return x, nil
+			return v, nil
 		case KindJSON:
 			return json.RawMessage(x), nil
 		}

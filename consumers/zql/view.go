@@ -230,7 +230,7 @@ func (v *View) build(h *hydration, tr *tracker) error {
 // reports whether any resolved differently from before.
 func (v *View) resolveScalars(h *hydration, tr *tracker) error {
 	c := &collector{}
-	h.cur, h.emitted = c, map[*node]map[string]bool{}
+	h.cur, h.emitted = c, nil // made when a node needs it: most rows never do
 	for _, e := range v.q.scalars {
 		if err := h.resolve(e); err != nil {
 			return err
@@ -264,7 +264,7 @@ func (v *View) eval(h *hydration, r *row) (*entry, *collector, error) {
 
 // emit collects what root row e brings.
 func (v *View) emit(h *hydration, e *entry, c *collector) error {
-	h.cur, h.emitted = c, map[*node]map[string]bool{}
+	h.cur, h.emitted = c, nil // made when a node needs it: most rows never do
 	defer func() { h.cur = nil }()
 	return h.emit(v.q.root, e.r)
 }

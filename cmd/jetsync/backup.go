@@ -37,6 +37,7 @@ type backupFlags struct {
 	gracePer50GiB   time.Duration
 	protectMaxLag   time.Duration
 	reservationTTL  time.Duration
+	orphanGrace     time.Duration
 }
 
 func (b *backupFlags) register(fs *flag.FlagSet, e *env) {
@@ -52,6 +53,7 @@ func (b *backupFlags) register(fs *flag.FlagSet, e *env) {
 	fs.DurationVar(&b.gracePer50GiB, "backup-initial-grace-per-50gib", e.duration("JETSYNC_BACKUP_INITIAL_GRACE_PER_50GIB", backup.DefaultInitialGracePerUnit), "initial-backup grace per 50 GiB of replica, and its minimum [JETSYNC_BACKUP_INITIAL_GRACE_PER_50GIB]")
 	fs.DurationVar(&b.protectMaxLag, "protect-max-lag", e.duration("JETSYNC_PROTECT_MAX_LAG", backup.DefaultProtectMaxLag), "how far a protected consumer (metadata jetsync.protect=true) may lag before it stops holding back purges [JETSYNC_PROTECT_MAX_LAG]")
 	fs.DurationVar(&b.reservationTTL, "reservation-ttl", e.duration("JETSYNC_RESERVATION_TTL", streams.DefaultReservationTTL), "how long a restore reservation or purge lock lives without a heartbeat [JETSYNC_RESERVATION_TTL]")
+	fs.DurationVar(&b.orphanGrace, "backup-orphan-grace", e.duration("JETSYNC_BACKUP_ORPHAN_GRACE", backup.DefaultOrphanGrace), "how old the chunks of an unfinished snapshot upload must be before a starting change-streamer purges them [JETSYNC_BACKUP_ORPHAN_GRACE]")
 }
 
 func (b *backupFlags) off() bool { return strings.EqualFold(b.mode, "off") }
@@ -71,7 +73,7 @@ func (b *backupFlags) validate() error {
 	if b.keep < 1 {
 		return usageError("backup keep %d: want at least 1", b.keep)
 	}
-	for _, d := range []time.Duration{b.checkInterval, b.cleanupDelay, b.wedgedGrace, b.gracePer50GiB, b.protectMaxLag, b.reservationTTL} {
+	for _, d := range []time.Duration{b.checkInterval, b.cleanupDelay, b.wedgedGrace, b.gracePer50GiB, b.protectMaxLag, b.reservationTTL, b.orphanGrace} {
 		if d <= 0 {
 			return usageError("backup intervals and graces must be positive")
 		}
@@ -101,6 +103,7 @@ func (b *backupFlags) producer(rl role, js jetstream.JetStream, file string, rep
 		InitialGracePerUnit: b.gracePer50GiB,
 		ProtectMaxLag:       b.protectMaxLag,
 		ReservationTTL:      b.reservationTTL,
+		OrphanGrace:         b.orphanGrace,
 		Logger:              rl.log,
 		Registerer:          rl.metrics.For("backup"),
 	}, js)

@@ -7,15 +7,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
@@ -40,22 +40,23 @@ func (r *Restorer) download(ctx context.Context, res streams.Backup, stream jets
 	if err != nil {
 		return Result{}, fmt.Errorf("restore: %w", err)
 	}
-	r.log.Info("downloading snapshot", "snapshot", snap.Name, "bytes", snap.Size, "seq", snap.StreamSeq)
-	pw := &progress{log: r.log, m: r.metrics, total: snap.Size, every: r.cfg.ProgressEvery, start: t0, last: t0, h: sha256.New()}
-	n, err := r.fetch(ctx, oinfo, io.MultiWriter(f, pw))
+	rows := snapshotRows(oinfo)
+	r.log.Info("downloading snapshot", "snapshot", snap.Name, "bytes", snap.Size, "rows", rows, "seq", snap.StreamSeq)
+	r.metrics.snapshotRows.Set(float64(rows))
+	pw := &progress{log: r.log, m: r.metrics, total: snap.Size, rows: rows, every: r.cfg.ProgressEvery, start: t0, last: t0}
+	n, digest, err := r.fetch(ctx, oinfo, f, pw)
 	if err == nil {
+		t := time.Now()
 		err = f.Sync()
+		r.log.Debug("snapshot synced", "took", time.Since(t).Round(time.Millisecond))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if errors.Is(err, jetstream.ErrDigestMismatch) {
-		return Result{}, &InvalidError{snap.Name, ErrCorrupt, "the object store's digest does not match its content"}
-	}
 	if err != nil {
 		return Result{}, fmt.Errorf("download snapshot %s: %w", snap.Name, err)
 	}
-	if sum := hex.EncodeToString(pw.h.Sum(nil)); sum != snap.SHA256 || n != snap.Size {
+	if sum := hex.EncodeToString(digest); sum != snap.SHA256 || n != snap.Size {
 		return Result{}, &InvalidError{snap.Name, ErrCorrupt,
 			fmt.Sprintf("sha256 %s over %d bytes, but the snapshot was taken with sha256 %s over %d bytes", sum, n, snap.SHA256, snap.Size)}
 	}
@@ -98,43 +99,132 @@ func (r *Restorer) download(ctx context.Context, res streams.Backup, stream jets
 	return Result{Restored: true, Snapshot: snap, State: st, CatchUpSeq: info.State.LastSeq, Bytes: n}, nil
 }
 
-// fetchPull is how many 1 MiB chunks a download keeps in flight.
-const fetchPull = 32
+// The download pipeline's sizes.
+const (
+	// fetchPull is how many chunks (1 MiB each) the pull consumer keeps
+	// in flight.
+	fetchPull = 32
+	// stageDepth is how many received chunks may wait for the hasher and
+	// for the writer: with fetchPull it bounds a download's memory to
+	// about 64 MiB.
+	stageDepth = 32
+	// writebackWindow is how much the writer writes before it starts that
+	// window's writeback; it waits for the window writebackLag behind.
+	writebackWindow = 16 << 20
+	writebackLag    = 4
+)
 
-// fetch reads an object's chunks from the object store's stream with a pull
-// consumer of its own, and hashes them once, in w. ObjectStore.Get pushes
-// the chunks through an unbuffered pipe and hashes them again; its push
-// consumer overflows (slow consumer, dropped chunks, a reset) whenever the
-// disk is slower than the server, which held downloads near 100 MB/s.
-func (r *Restorer) fetch(ctx context.Context, info *jetstream.ObjectInfo, w io.Writer) (int64, error) {
+// fetch downloads an object's chunks into f and returns their SHA-256, in
+// three stages that overlap: receiving (a pull consumer of its own),
+// hashing, and writing, each chunk shared read-only by the last two. The
+// writer starts the disk's writeback as it goes, so the final fsync has
+// little left to do.
+//
+// ObjectStore.Get would push the chunks through an unbuffered pipe and
+// hash them twice; its push consumer overflows (slow consumer, dropped
+// chunks, a reset) whenever the disk is slower than the server.
+func (r *Restorer) fetch(ctx context.Context, info *jetstream.ObjectInfo, f *os.File, p *progress) (int64, []byte, error) {
+	h := sha256.New()
 	if info.Size == 0 {
-		return 0, nil
+		return 0, h.Sum(nil), nil
 	}
 	bucket := r.cfg.Shard.SnapshotBucket()
 	oc, err := r.js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{"$O." + bucket + ".C." + info.NUID},
 	})
 	if err != nil {
-		return 0, fmt.Errorf("read chunks: %w", err)
+		return 0, nil, fmt.Errorf("read chunks: %w", err)
 	}
 	it, err := oc.Messages(jetstream.PullMaxMessages(fetchPull))
 	if err != nil {
-		return 0, fmt.Errorf("read chunks: %w", err)
+		return 0, nil, fmt.Errorf("read chunks: %w", err)
 	}
 	defer it.Stop()
-	var n int64
-	for i := uint32(0); i < info.Chunks; i++ {
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			return n, fmt.Errorf("read chunk %d of %d: %w", i+1, info.Chunks, err)
+	// Where each stage spent its time, for the debug log: a download is
+	// bound by the server's reads, the hash, or the disk.
+	var recvWait, hashBusy, writeBusy, wbWait time.Duration
+	t0 := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	toHash, toWrite := make(chan []byte, stageDepth), make(chan []byte, stageDepth)
+	g.Go(func() error {
+		defer close(toHash)
+		defer close(toWrite)
+		for i := uint32(0); i < info.Chunks; i++ {
+			t := time.Now()
+			msg, err := it.Next(jetstream.NextContext(gctx))
+			recvWait += time.Since(t)
+			if err != nil {
+				return fmt.Errorf("read chunk %d of %d: %w", i+1, info.Chunks, err)
+			}
+			for _, c := range []chan<- []byte{toHash, toWrite} {
+				select {
+				case c <- msg.Data():
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+			}
 		}
-		m, err := w.Write(msg.Data())
-		n += int64(m)
+		return nil
+	})
+	g.Go(func() error {
+		for b := range toHash {
+			t := time.Now()
+			h.Write(b)
+			hashBusy += time.Since(t)
+		}
+		return nil
+	})
+	var n int64
+	g.Go(func() error {
+		wb := writeback{f: f, log: r.log}
+		for b := range toWrite {
+			t := time.Now()
+			m, err := f.Write(b)
+			n += int64(m)
+			if err != nil {
+				return err
+			}
+			t1 := time.Now()
+			writeBusy += t1.Sub(t)
+			p.add(m)
+			wb.advance(n)
+			wbWait += time.Since(t1)
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return n, nil, err
+	}
+	r.log.Debug("download stages", "took", time.Since(t0).Round(time.Millisecond), "receive_wait", recvWait.Round(time.Millisecond),
+		"hash", hashBusy.Round(time.Millisecond), "write", writeBusy.Round(time.Millisecond), "writeback_wait", wbWait.Round(time.Millisecond))
+	return n, h.Sum(nil), nil
+}
+
+// writeback starts the writeback of each window a download writes and waits
+// for older ones. It is an optimisation only: where the kernel refuses it,
+// the final fsync does all the work.
+type writeback struct {
+	f       *os.File
+	log     *slog.Logger
+	next    int64   // start of the window not yet started
+	windows []int64 // started and not yet waited for
+	off     bool
+}
+
+func (w *writeback) advance(n int64) {
+	for !w.off && n-w.next >= writebackWindow {
+		err := startWriteback(w.f, w.next, writebackWindow)
+		w.windows = append(w.windows, w.next)
+		w.next += writebackWindow
+		if err == nil && len(w.windows) > writebackLag {
+			err = awaitWriteback(w.f, w.windows[0], writebackWindow)
+			w.windows = w.windows[1:]
+		}
 		if err != nil {
-			return n, err
+			w.log.Debug("writeback during the download is unavailable; the final fsync does it", "err", err)
+			w.off = true
 		}
 	}
-	return n, nil
 }
 
 func (r *Restorer) coveredNow(ctx context.Context, stream jetstream.Stream, name string, seq uint64) error {
@@ -224,30 +314,51 @@ func (r *Restorer) checkLocal(ctx context.Context, up streams.Upstream, info *je
 	return replica.State{}, false
 }
 
-// progress hashes what passes through it and reports bytes, rate and ETA.
+// MetaRows is the snapshot object metadata key holding the rows the
+// snapshot's tables held when it was taken, so that a restore can report
+// its progress in rows. The producer sets it (producers/backup).
+const MetaRows = "rows"
+
+// snapshotRows is the row count in a snapshot's metadata, or 0 when it has
+// none (a snapshot taken before it was recorded).
+func snapshotRows(info *jetstream.ObjectInfo) int64 {
+	n, _ := strconv.ParseInt(info.Metadata[MetaRows], 10, 64)
+	return max(n, 0)
+}
+
+// progress reports a download's bytes, rows (estimated from the bytes, as
+// a snapshot's rows fill its pages about evenly), rate and ETA. Only the
+// writer calls add.
 type progress struct {
 	log   *slog.Logger
 	m     *metrics
-	h     hash.Hash
 	total int64
+	rows  int64
 	n     int64
 	every time.Duration
 	start time.Time
 	last  time.Time
 }
 
-func (p *progress) Write(b []byte) (int, error) {
-	p.h.Write(b)
-	p.n += int64(len(b))
-	p.m.downloaded.Add(float64(len(b)))
+func (p *progress) add(n int) {
+	p.n += int64(n)
+	p.m.downloaded.Add(float64(n))
 	if now := time.Now(); now.Sub(p.last) >= p.every {
 		p.last = now
 		el := now.Sub(p.start).Seconds()
 		rate := float64(p.n) / max(el, 1e-9)
 		eta := time.Duration(float64(p.total-p.n) / max(rate, 1) * float64(time.Second))
+		rows := p.rowsDone()
 		p.m.eta.Set(eta.Seconds())
-		p.log.Info("restore progress", "bytes", p.n, "total", p.total,
+		p.m.rows.Set(float64(rows))
+		p.log.Info("restore progress", "bytes", p.n, "total", p.total, "rows", rows, "total_rows", p.rows,
 			"mb_per_s", fmt.Sprintf("%.1f", rate/1e6), "eta", eta.Round(time.Second))
 	}
-	return len(b), nil
+}
+
+func (p *progress) rowsDone() int64 {
+	if p.total <= 0 {
+		return p.rows
+	}
+	return int64(float64(p.rows) * float64(p.n) / float64(p.total))
 }

@@ -10,6 +10,10 @@ type metrics struct {
 	runs, attempts *prometheus.CounterVec
 	downloaded     prometheus.Counter
 	dbBytes, eta   prometheus.Gauge
+	snapshotRows   prometheus.Gauge
+	rows           prometheus.Gauge
+	catchUpLeft    prometheus.Gauge
+	catchUpETA     prometheus.Gauge
 	duration       prometheus.Histogram
 	validation     prometheus.Histogram
 	reservation    prometheus.Histogram
@@ -35,6 +39,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		eta: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetsync_restore_eta_seconds", Help: "Estimated time left in the download in progress.",
 		}),
+		snapshotRows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetsync_restore_snapshot_rows", Help: "Rows in the snapshot being restored, as recorded when it was taken.",
+		}),
+		rows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetsync_restore_rows", Help: "Rows of the snapshot downloaded so far (estimated from its bytes).",
+		}),
+		catchUpLeft: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetsync_restore_catchup_remaining_messages", Help: "Change stream messages left to apply before a restored replica has caught up.",
+		}),
+		catchUpETA: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetsync_restore_catchup_eta_seconds", Help: "Estimated time left in the catch-up after a restore.",
+		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "zero_replica_restore_duration_seconds", Help: "Time from reservation to a replica in place.", Buckets: buckets,
 		}),
@@ -57,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.downloaded, err = register(reg, m.downloaded); err != nil {
 		return nil, err
 	}
-	for _, g := range []*prometheus.Gauge{&m.dbBytes, &m.eta} {
+	for _, g := range []*prometheus.Gauge{&m.dbBytes, &m.eta, &m.snapshotRows, &m.rows, &m.catchUpLeft, &m.catchUpETA} {
 		if *g, err = register(reg, *g); err != nil {
 			return nil, err
 		}

@@ -568,11 +568,29 @@ type Follower interface {
 }
 
 // EndWhenCaughtUp waits until f has applied the stream as it stood when the
-// restore finished, then ends the reservation.
+// restore finished, then ends the reservation. Meanwhile it reports the
+// catch-up's progress in stream messages (a transaction is one message, or
+// one per table and fragment).
 func (h *Hold) EndWhenCaughtUp(ctx context.Context, f Follower) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
-	for f.State().StreamSeq < h.result.CatchUpSeq {
+	m := h.r.metrics
+	// The consumer may not have opened the replica yet: count from the
+	// restored (or kept) state.
+	from, target := max(f.State().StreamSeq, h.result.State.StreamSeq), h.result.CatchUpSeq
+	t0 := time.Now()
+	last := t0
+	for seq := from; seq < target; seq = f.State().StreamSeq {
+		left := target - seq
+		m.catchUpLeft.Set(float64(left))
+		if now := time.Now(); now.Sub(last) >= h.r.cfg.ProgressEvery {
+			last = now
+			rate := float64(seq-from) / max(now.Sub(t0).Seconds(), 1e-9)
+			eta := time.Duration(float64(left) / max(rate, 1) * float64(time.Second))
+			m.catchUpETA.Set(eta.Seconds())
+			h.r.log.Info("catch-up progress", "seq", seq, "target", target, "messages_left", left,
+				"msgs_per_s", fmt.Sprintf("%.0f", rate), "eta", eta.Round(time.Second))
+		}
 		select {
 		case <-ctx.Done():
 			h.Abandon()
@@ -580,7 +598,11 @@ func (h *Hold) EndWhenCaughtUp(ctx context.Context, f Follower) error {
 		case <-t.C:
 		}
 	}
-	h.r.log.Info("caught up after the restore", "seq", f.State().StreamSeq)
+	m.catchUpLeft.Set(0)
+	m.catchUpETA.Set(0)
+	seq := f.State().StreamSeq
+	took := time.Since(t0)
+	h.r.log.Info("caught up after the restore", "seq", seq, "messages", seq-min(from, seq), "took", took.Round(time.Millisecond))
 	return h.End(ctx)
 }
 

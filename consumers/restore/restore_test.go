@@ -259,7 +259,8 @@ func TestRestore_R5_R8_R9_R12_R13_R16_ColdStartAfterPurge(t *testing.T) {
 	if got, last := f.e.StreamState(); got != min(s2.StreamSeq+1, last) {
 		t.Errorf("after the reservation ended the stream starts at %d; want %d", got, min(s2.StreamSeq+1, last))
 	}
-	for _, want := range []string{"downloading snapshot", "snapshot restored", "caught up after the restore", "reservation ended"} {
+	// Progress is reported in rows too: the snapshot recorded its 2,000.
+	for _, want := range []string{"downloading snapshot", "rows=2000", "snapshot restored", "caught up after the restore", "reservation ended"} {
 		if !strings.Contains(lg.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, lg)
 		}

@@ -47,6 +47,9 @@ const (
 	// DefaultProtectMaxLag is how far behind a protected consumer may fall
 	// before it loses its protection.
 	DefaultProtectMaxLag = 24 * time.Hour
+	// DefaultOrphanGrace is how old the newest chunk of an upload no
+	// object names must be before a starting producer purges it.
+	DefaultOrphanGrace = 10 * time.Minute
 	// DefaultReservationTTL is how long a reservation or purge lock counts
 	// as live after its last heartbeat.
 	DefaultReservationTTL = streams.DefaultReservationTTL
@@ -82,6 +85,9 @@ type Config struct {
 	InitialGracePerUnit time.Duration
 	ProtectMaxLag       time.Duration
 	ReservationTTL      time.Duration
+	// OrphanGrace is how old the chunks of an unfinished upload must be
+	// before a starting producer purges them.
+	OrphanGrace time.Duration
 	// Now is the clock; nil means time.Now. Tests inject a fake one.
 	Now        func() time.Time
 	Logger     *slog.Logger
@@ -102,6 +108,7 @@ func (c Config) withDefaults() Config {
 	def(&c.InitialGracePerUnit, DefaultInitialGracePerUnit)
 	def(&c.ProtectMaxLag, DefaultProtectMaxLag)
 	def(&c.ReservationTTL, DefaultReservationTTL)
+	def(&c.OrphanGrace, DefaultOrphanGrace)
 	if c.Keep == 0 {
 		c.Keep = DefaultKeep
 	}
@@ -128,7 +135,7 @@ func (c Config) Validate() error {
 	if c.Keep < 1 {
 		return errors.New("keep must be at least 1")
 	}
-	for _, d := range []time.Duration{c.Interval, c.CheckInterval, c.CleanupDelay, c.WedgedGrace, c.InitialGracePerUnit, c.ProtectMaxLag, c.ReservationTTL} {
+	for _, d := range []time.Duration{c.Interval, c.CheckInterval, c.CleanupDelay, c.WedgedGrace, c.InitialGracePerUnit, c.ProtectMaxLag, c.ReservationTTL, c.OrphanGrace} {
 		if d <= 0 {
 			return errors.New("intervals and graces must be positive")
 		}
@@ -172,6 +179,7 @@ type Producer struct {
 	started      time.Time
 	last         *streams.Snapshot // newest snapshot this process uploaded
 	lastAt       time.Time
+	rows         int64                       // rows in the copy in hand
 	verified     map[string]streams.Snapshot // objects whose digest was checked
 	bad          map[string]bool             // objects that failed it
 	newest       *streams.Snapshot           // newest verified
@@ -247,6 +255,9 @@ func (p *Producer) Run(ctx context.Context) error {
 		return err
 	}
 	removeStaleSnapshots(p.cfg.File, p.log)
+	if _, err := p.removeOrphanChunks(ctx); err != nil && ctx.Err() == nil {
+		p.log.Warn("could not remove the chunks of unfinished uploads", "err", err)
+	}
 	reqs := make(chan *nats.Msg, 8)
 	sub, err := p.js.Conn().ChanQueueSubscribe(p.cfg.Shard.BackupNowSubject(), "jetsync-backup", reqs)
 	if err != nil {

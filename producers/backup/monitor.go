@@ -58,9 +58,9 @@ func (p *Producer) Check(ctx context.Context) error {
 // checked before, then records the newest verified one in the backup bucket,
 // where restorers look for it.
 func (p *Producer) verify(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, listTimeout)
-	defer cancel()
-	snaps, err := p.list(ctx)
+	lctx, cancel := context.WithTimeout(ctx, listTimeout)
+	snaps, err := p.list(lctx)
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -117,19 +117,22 @@ func (p *Producer) verify(ctx context.Context) error {
 
 var errCorrupt = errors.New("digest mismatch")
 
+// verifyRate is the least read rate a verification is given time for.
+const verifyRate = 10 << 20
+
 // check reads a snapshot object through and compares its digest with the
-// one the producer recorded before uploading.
+// one the producer recorded before uploading. It reads the chunks with a
+// pull consumer of its own, as a restore does: ObjectStore.Get's push
+// consumer overflows on large objects (a "slow consumer" and a reset).
 func (p *Producer) check(ctx context.Context, s streams.Snapshot) error {
-	r, err := p.res.Snapshots.Get(ctx, s.Name)
+	ctx, cancel := context.WithTimeout(ctx, listTimeout+time.Duration(s.Size/verifyRate)*time.Second)
+	defer cancel()
+	info, err := p.res.Snapshots.GetInfo(ctx, s.Name)
 	if err != nil {
 		return fmt.Errorf("get %s: %w", s.Name, err)
 	}
-	defer r.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, r)
-	if errors.Is(err, jetstream.ErrDigestMismatch) {
-		return fmt.Errorf("%s: %w: %v", s.Name, errCorrupt, err)
-	}
+	n, err := p.readChunks(ctx, info, h)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", s.Name, err)
 	}
@@ -137,6 +140,35 @@ func (p *Producer) check(ctx context.Context, s streams.Snapshot) error {
 		return fmt.Errorf("%s: %w: sha256 %s (%d bytes), want %s (%d bytes)", s.Name, errCorrupt, sum, n, s.SHA256, s.Size)
 	}
 	return nil
+}
+
+// readChunks writes an object's chunks to w in order.
+func (p *Producer) readChunks(ctx context.Context, info *jetstream.ObjectInfo, w io.Writer) (int64, error) {
+	if info.Chunks == 0 {
+		return 0, nil
+	}
+	bucket := p.cfg.Shard.SnapshotBucket()
+	oc, err := p.js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"$O." + bucket + ".C." + info.NUID},
+	})
+	if err != nil {
+		return 0, err
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(32))
+	if err != nil {
+		return 0, err
+	}
+	defer it.Stop()
+	var n int64
+	for i := uint32(0); i < info.Chunks; i++ {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return n, fmt.Errorf("chunk %d of %d: %w", i+1, info.Chunks, err)
+		}
+		m, _ := w.Write(msg.Data())
+		n += int64(m)
+	}
+	return n, nil
 }
 
 // initialGrace is how long the producer waits for its first restorable

@@ -16,11 +16,14 @@ import (
 // running, and a later snapshot is claimed, verified and holds the newest
 // transaction.
 func TestProducer_R14_NATSRestartDuringSnapshot(t *testing.T) {
-	f := newFixture(t, 20000)
+	// The first chunk is published once its 1 MiB has been read: the
+	// replica must be several chunks long for the upload to be seen under
+	// way, with chunks stored and no object yet.
+	f := newFixture(t, 60000)
 	f.sync(t)
 	ctx := context.Background()
 	p := f.producer(t, backup.Config{CheckInterval: 50 * time.Millisecond, Interval: time.Millisecond,
-		UploadRate: 256 << 10, InitialGrace: time.Hour})
+		UploadRate: 512 << 10, InitialGrace: time.Hour})
 	errc := run(t, p)
 	// Chunks are stored but no object is listed: an upload is under way.
 	st, err := f.e.JS.Stream(ctx, "OBJ_"+f.e.Shard.SnapshotBucket())

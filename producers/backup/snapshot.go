@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -84,7 +85,7 @@ func (p *Producer) Snapshot(ctx context.Context, force bool) (streams.Snapshot, 
 	p.metrics.snapshotBytes.Set(float64(size))
 	p.metrics.snapshotTime.Observe(time.Since(t0).Seconds())
 	p.log.Info("snapshot uploaded", "snapshot", name, "seq", s.StreamSeq, "watermark", s.Watermark,
-		"bytes", size, "took", time.Since(t0).Round(time.Millisecond))
+		"bytes", size, "rows", p.rows, "took", time.Since(t0).Round(time.Millisecond))
 	if err := p.prune(ctx); err != nil {
 		p.log.Warn("prune old snapshots", "err", err)
 	}
@@ -136,7 +137,48 @@ func (p *Producer) copyReplica(ctx context.Context) (string, replica.State, erro
 	if st.ReplicaVersion == "" {
 		return tmp, st, ErrNoReplica
 	}
+	rows, err := countRows(ctx, cp)
+	if err != nil {
+		return tmp, st, fmt.Errorf("snapshot: copy: %w", err)
+	}
+	p.rows = rows
 	return tmp, st, nil
+}
+
+// metaRows is the snapshot object metadata key holding the rows of the
+// replica's tables, with which a restore reports its progress in rows
+// (consumers/restore reads it as MetaRows).
+const metaRows = "rows"
+
+// countRows counts the rows of the replicated tables in a snapshot copy.
+func countRows(ctx context.Context, db *sql.DB) (int64, error) {
+	rows, err := db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'
+		AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name NOT LIKE '\_zero.%' ESCAPE '\' AND name NOT LIKE '\_jetsync.%' ESCAPE '\'`)
+	if err != nil {
+		return 0, fmt.Errorf("count rows: %w", err)
+	}
+	var tables []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("count rows: %w", err)
+		}
+		tables = append(tables, t)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("count rows: %w", err)
+	}
+	var total int64
+	for _, t := range tables {
+		var n int64
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM "`+strings.ReplaceAll(t, `"`, `""`)+`"`).Scan(&n); err != nil {
+			return 0, fmt.Errorf("count rows of %s: %w", t, err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 func digest(file string) (string, int64, error) {
@@ -246,7 +288,7 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) 
 		ObjectMeta: jetstream.ObjectMeta{
 			Name:        s.Name,
 			Description: "jetsync replica snapshot at watermark " + s.Watermark,
-			Metadata:    s.Metadata(),
+			Metadata:    metadata(s, p.rows),
 			Opts:        &jetstream.ObjectMetaOptions{ChunkSize: chunkSize},
 		},
 		Bucket: bucket, NUID: nuid, Size: size, Chunks: chunks,
@@ -264,6 +306,12 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) 
 		}
 	}
 	return nil
+}
+
+func metadata(s streams.Snapshot, rows int64) map[string]string {
+	m := s.Metadata()
+	m[metaRows] = strconv.FormatInt(rows, 10)
+	return m
 }
 
 // throttled reads no faster than rate bytes a second on average, so that a
@@ -343,6 +391,61 @@ func (p *Producer) list(ctx context.Context) ([]streams.Snapshot, error) {
 	}
 	slices.SortFunc(out, func(a, b streams.Snapshot) int { return a.TakenAt.Compare(b.TakenAt) })
 	return out, nil
+}
+
+// removeOrphanChunks purges the chunks of uploads that never finished: a
+// producer killed mid-upload leaves chunks in the object store's stream
+// that no object's info names, and nothing else would ever delete them.
+// Chunks written within OrphanGrace are left alone, as they may belong to
+// an upload under way elsewhere (a producer handing over).
+func (p *Producer) removeOrphanChunks(ctx context.Context) (int, error) {
+	bucket := p.cfg.Shard.SnapshotBucket()
+	st, err := p.js.Stream(ctx, "OBJ_"+bucket)
+	if err != nil {
+		return 0, fmt.Errorf("orphan chunks: %w", err)
+	}
+	prefix := "$O." + bucket + ".C."
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return 0, fmt.Errorf("orphan chunks: %w", err)
+	}
+	if len(info.State.Subjects) == 0 {
+		return 0, nil
+	}
+	// Deleted objects are listed too: their chunks are purged with them,
+	// and a subject of theirs left behind is an orphan all the same.
+	live := map[string]bool{}
+	infos, err := p.res.Snapshots.List(ctx, jetstream.ListObjectsShowDeleted())
+	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return 0, fmt.Errorf("orphan chunks: %w", err)
+	}
+	for _, o := range infos {
+		if !o.Deleted {
+			live[o.NUID] = true
+		}
+	}
+	removed := 0
+	for subj, n := range info.State.Subjects {
+		if live[strings.TrimPrefix(subj, prefix)] {
+			continue
+		}
+		last, err := st.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return removed, fmt.Errorf("orphan chunks: %w", err)
+		}
+		if age := p.cfg.Now().Sub(last.Time); age < p.cfg.OrphanGrace {
+			continue
+		}
+		if err := st.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+			return removed, fmt.Errorf("orphan chunks: purge %s: %w", subj, err)
+		}
+		removed++
+		p.log.Info("purged the chunks of an unfinished upload", "subject", subj, "chunks", n, "written", last.Time)
+	}
+	return removed, nil
 }
 
 // removeStaleSnapshots deletes temporary snapshot files a crash left.

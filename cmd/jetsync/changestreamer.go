@@ -5,9 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	producerrole "github.com/jetsync/jetsync/producers/role"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -25,7 +28,7 @@ type changeStreamerFlags struct {
 	restore restoreFlags
 }
 
-func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	var c changeStreamerFlags
 	e := newEnv()
 	fs := flag.NewFlagSet("jetsync change-streamer", flag.ContinueOnError)
@@ -72,9 +75,17 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	scfg := c.streamConfig(shard)
-	if _, _, err := streams.Ensure(ctx, js, scfg); err != nil {
+	_, state, err := streams.Ensure(ctx, js, scfg)
+	if err != nil {
 		return err
 	}
+	// From here on ctx also ends when another change-streamer takes the
+	// producer role, which stops this one as a SIGTERM would.
+	ctx, releaseRole, err := holdProducerRole(ctx, rl, state)
+	if err != nil {
+		return err
+	}
+	defer releaseRole(&err)
 	log.Info("upstream", "db", redact(c.upstreamDB), "app_id", shard.App, "shard_num", shard.Num)
 	src, err := c.upstreamFlags.source(rl, c.upstreamDB, scfg, js)
 	if err != nil {
@@ -106,4 +117,44 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		append([]component{{"backup-replica", cons.Run}, {"backup", bp.Run}}, endHold(rl, hold, cons)...),
 		[]component{{"http", h.Run}},
 	)
+}
+
+// holdProducerRole takes the shard's producer role (producers/role) from
+// whoever holds it, before the backup replica's restore, and keeps it in the
+// background. The context it returns ends when another change-streamer takes
+// the role over; the process then shuts down in order and exits 0, having
+// logged who took over. release, deferred with the command's error, stops
+// the lease, gives the role up if still held, and turns the shutdown that a
+// lost role caused into a clean exit.
+func holdProducerRole(ctx context.Context, rl role, state jetstream.KeyValue) (context.Context, func(*error), error) {
+	lease, err := producerrole.Acquire(ctx, state, producerrole.Config{TaskID: rl.id, Logger: rl.log})
+	if err != nil {
+		return ctx, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var lost atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if lease.Run(ctx) != nil { // only a *producerrole.LostError, logged by Run
+			lost.Store(true)
+			cancel()
+		}
+	}()
+	release := func(errp *error) {
+		cancel()
+		<-done
+		if lost.Load() {
+			rl.log.Info("change-streamer stopped: it lost the producer role")
+			*errp = nil
+			return
+		}
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer rcancel()
+		if err := lease.Release(rctx); err != nil {
+			// Harmless: the next change-streamer takes it over anyway.
+			rl.log.Warn("could not release the producer role", "err", err)
+		}
+	}
+	return ctx, release, nil
 }

@@ -36,7 +36,7 @@ type runFlags struct {
 	pgBin      string
 }
 
-func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	var c runFlags
 	e := newEnv()
 	fs := flag.NewFlagSet("jetsync run", flag.ContinueOnError)
@@ -94,9 +94,17 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	scfg := c.streamConfig(shard)
-	if _, _, err := streams.Ensure(ctx, js, scfg); err != nil {
+	_, state, err := streams.Ensure(ctx, js, scfg)
+	if err != nil {
 		return err
 	}
+	// A change-streamer attached to the embedded server can take the
+	// producer role over; this process then stops.
+	ctx, releaseRole, err := holdProducerRole(ctx, rl, state)
+	if err != nil {
+		return err
+	}
+	defer releaseRole(&err)
 
 	upstream := c.upstreamDB
 	if upstream == "" {

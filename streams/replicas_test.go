@@ -13,22 +13,40 @@ import (
 
 // ensureAll runs every Ensure function with c, as the roles do: the
 // change-streamer with its count, the others with whatever they were given.
+// A cluster that has just had a node back (and a race-detector build on a
+// busy machine) can leave an API call unanswered for a while, so an attempt
+// that fails is retried, as the roles' own start-up retries, within a bound.
 func ensureAll(t *testing.T, js jetstream.JetStream, producer, others Config) {
 	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		err := ensureAllOnce(js, producer, others)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		t.Logf("retrying: %v", err)
+	}
+}
+
+func ensureAllOnce(js jetstream.JetStream, producer, others Config) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, _, err := Ensure(ctx, js, producer); err != nil {
-		t.Fatalf("Ensure(R%d): %v", producer.Replicas, err)
+		return fmt.Errorf("Ensure(R%d): %w", producer.Replicas, err)
 	}
 	if _, err := EnsureBackup(ctx, js, producer); err != nil {
-		t.Fatalf("EnsureBackup(R%d): %v", producer.Replicas, err)
+		return fmt.Errorf("EnsureBackup(R%d): %w", producer.Replicas, err)
 	}
 	if _, _, err := EnsureCVR(ctx, js, others); err != nil {
-		t.Fatalf("EnsureCVR(R%d): %v", others.Replicas, err)
+		return fmt.Errorf("EnsureCVR(R%d): %w", others.Replicas, err)
 	}
 	if _, err := EnsureBackup(ctx, js, others); err != nil {
-		t.Fatalf("EnsureBackup(R%d): %v", others.Replicas, err)
+		return fmt.Errorf("EnsureBackup(R%d): %w", others.Replicas, err)
 	}
+	return nil
 }
 
 // allStreams names the JetStream streams behind every resource of shard.

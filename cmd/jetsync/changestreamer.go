@@ -81,13 +81,13 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	}
 	// From here on ctx also ends when another change-streamer takes the
 	// producer role, which stops this one as a SIGTERM would.
-	ctx, releaseRole, err := holdProducerRole(ctx, rl, state)
+	ctx, fence, releaseRole, err := holdProducerRole(ctx, rl, state)
 	if err != nil {
 		return err
 	}
 	defer releaseRole(&err)
 	log.Info("upstream", "db", redact(c.upstreamDB), "app_id", shard.App, "shard_num", shard.Num)
-	src, err := c.upstreamFlags.source(rl, c.upstreamDB, scfg, js)
+	src, err := c.upstreamFlags.source(rl, c.upstreamDB, scfg, js, fence)
 	if err != nil {
 		return err
 	}
@@ -123,13 +123,14 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 // whoever holds it, before the backup replica's restore, and keeps it in the
 // background. The context it returns ends when another change-streamer takes
 // the role over; the process then shuts down in order and exits 0, having
-// logged who took over. release, deferred with the command's error, stops
+// logged who took over. fence fails from the moment the takeover is seen,
+// for the publisher to check. release, deferred with the command's error, stops
 // the lease, gives the role up if still held, and turns the shutdown that a
 // lost role caused into a clean exit.
-func holdProducerRole(ctx context.Context, rl role, state jetstream.KeyValue) (context.Context, func(*error), error) {
+func holdProducerRole(ctx context.Context, rl role, state jetstream.KeyValue) (context.Context, func() error, func(*error), error) {
 	lease, err := producerrole.Acquire(ctx, state, producerrole.Config{TaskID: rl.id, Logger: rl.log})
 	if err != nil {
-		return ctx, nil, err
+		return ctx, nil, nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var lost atomic.Bool
@@ -156,5 +157,5 @@ func holdProducerRole(ctx context.Context, rl role, state jetstream.KeyValue) (c
 			rl.log.Warn("could not release the producer role", "err", err)
 		}
 	}
-	return ctx, release, nil
+	return ctx, lease.Check, release, nil
 }

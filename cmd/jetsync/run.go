@@ -100,7 +100,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	// A change-streamer attached to the embedded server can take the
 	// producer role over; this process then stops.
-	ctx, releaseRole, err := holdProducerRole(ctx, rl, state)
+	ctx, fence, releaseRole, err := holdProducerRole(ctx, rl, state)
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	log.Info("upstream", "db", redact(upstream), "app_id", shard.App, "shard_num", shard.Num)
 
-	src, err := c.upstreamFlags.source(rl, upstream, scfg, js)
+	src, err := c.upstreamFlags.source(rl, upstream, scfg, js, fence)
 	if err != nil {
 		return err
 	}

@@ -246,8 +246,9 @@ func (rl role) replica(js jetstream.JetStream, file, name, component string) (*r
 	}, js)
 }
 
-// source makes the change-streamer for upstream.
-func (u *upstreamFlags) source(rl role, upstream string, scfg streams.Config, js jetstream.JetStream) (*pgrepl.Source, error) {
+// source makes the change-streamer for upstream; fence is the producer
+// role's check, asked before each publish.
+func (u *upstreamFlags) source(rl role, upstream string, scfg streams.Config, js jetstream.JetStream, fence func() error) (*pgrepl.Source, error) {
 	return pgrepl.New(pgrepl.Config{
 		UpstreamURL:  upstream,
 		Shard:        rl.shard,
@@ -256,5 +257,6 @@ func (u *upstreamFlags) source(rl role, upstream string, scfg streams.Config, js
 		CopyWorkers:  u.copyWorkers,
 		Logger:       rl.log,
 		Registerer:   rl.metrics.For("change-streamer"),
+		Fence:        fence,
 	}, js)
 }

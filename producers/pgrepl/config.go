@@ -47,6 +47,12 @@ type Config struct {
 	Logger      *slog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Fence, when set, is called before each publish; an error stops the
+	// publish and the session. The change-streamer passes its producer
+	// role's check, so that one replaced by a newer change-streamer
+	// publishes nothing more even before its context ends (the stream's
+	// expected last sequence stays the final fence).
+	Fence func() error
 }
 
 var publicationRe = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)

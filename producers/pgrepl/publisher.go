@@ -90,6 +90,9 @@ type publisher struct {
 	confirmed pglogrepl.LSN
 	lastSeq   uint64 // of the last acked message
 	onAck     func(m *outMsg, seq uint64)
+	// fence, when set, is asked before each publish whether this process
+	// may still publish (Config.Fence).
+	fence func() error
 }
 
 type pendingMsg struct {
@@ -124,6 +127,11 @@ func (p *publisher) publish(m *outMsg) error {
 	if len(m.msg.Parts) == 0 {
 		p.pending = append(p.pending, pendingMsg{m: m})
 		return nil
+	}
+	if p.fence != nil {
+		if err := p.fence(); err != nil {
+			return err
+		}
 	}
 	data, err := streams.Encode(&m.msg)
 	if err != nil {

@@ -207,7 +207,7 @@ func (s *Source) session(ctx context.Context, rs *runState) error {
 	if err != nil {
 		return err
 	}
-	pub := &publisher{js: pjs, next: tl.lastSeq + 1, lastSeq: tl.lastSeq, onAck: s.acked}
+	pub := &publisher{js: pjs, next: tl.lastSeq + 1, lastSeq: tl.lastSeq, onAck: s.acked, fence: s.cfg.Fence}
 
 	var pos position
 	if reason != "" {

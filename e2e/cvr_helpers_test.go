@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +41,22 @@ func newCVRApp(t *testing.T, issues int) *cvrApp {
 	}
 	t.Cleanup(func() { pg.Close(context.Background()) })
 	return &cvrApp{upstream: upstream, node: node, pg: pg}
+}
+
+// runEnv is the environment of a `jetsync run` of a on port, with its own
+// data folder and in-process NATS only. extra comes last, and os/exec keeps
+// the last value of a key, so it can override these.
+func (a *cvrApp) runEnv(t *testing.T, port int, extra ...string) []string {
+	return append([]string{
+		"JETSYNC_DATA_DIR=" + filepath.Join(t.TempDir(), "data"),
+		"ZERO_UPSTREAM_DB=" + a.upstream,
+		"ZERO_APP_ID=" + zeroAppID,
+		"ZERO_APP_PUBLICATIONS=" + zeroPublication,
+		"ZERO_AUTH_SECRET=" + zeroSecret,
+		"ZERO_PORT=" + strconv.Itoa(port),
+		"JETSYNC_NATS_LISTEN=",
+		"ZERO_LOG_FORMAT=json",
+	}, extra...)
 }
 
 func (a *cvrApp) exec(t *testing.T, sql string, args ...any) {

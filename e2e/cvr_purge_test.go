@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -24,21 +22,14 @@ import (
 func TestCVR_Purge(t *testing.T) {
 	app := newCVRApp(t, 200)
 	port := freePort(t)
-	srv := start(t, []string{
-		"JETSYNC_DATA_DIR=" + filepath.Join(t.TempDir(), "data"),
-		"ZERO_UPSTREAM_DB=" + app.upstream,
-		"ZERO_APP_ID=" + zeroAppID,
-		"ZERO_APP_PUBLICATIONS=" + zeroPublication,
-		"ZERO_AUTH_SECRET=" + zeroSecret,
-		"ZERO_PORT=" + strconv.Itoa(port),
-		"JETSYNC_NATS_LISTEN=127.0.0.1:0",
-		"ZERO_LOG_FORMAT=json",
+	srv := start(t, app.runEnv(t, port,
+		"JETSYNC_NATS_LISTEN=127.0.0.1:0", // the test watches the CVR stream
 		// 1.8 s without a CVR write, checked twice a second; a group
 		// without connections lets its lease go after 1 s.
 		"ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS=0.0005",
 		"ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS=0.5",
 		"JETSYNC_GROUP_IDLE=1s",
-	}, "run")
+	), "run")
 	natsURL := str(t, srv.logRecord(t, "nats listening", 30*time.Second), "url")
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	waitHealthy(t, srv, url, 90*time.Second)

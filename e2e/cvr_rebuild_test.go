@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +20,7 @@ func TestCVR_Rebuild(t *testing.T) {
 	app := newCVRApp(t, 200)
 	port := freePort(t)
 	cvrFile := filepath.Join(t.TempDir(), "cvr", "projection.db")
-	env := []string{
-		"JETSYNC_DATA_DIR=" + filepath.Join(t.TempDir(), "data"),
-		"JETSYNC_CVR_FILE=" + cvrFile,
-		"ZERO_UPSTREAM_DB=" + app.upstream,
-		"ZERO_APP_ID=" + zeroAppID,
-		"ZERO_APP_PUBLICATIONS=" + zeroPublication,
-		"ZERO_AUTH_SECRET=" + zeroSecret,
-		"ZERO_PORT=" + strconv.Itoa(port),
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-		"ZERO_LOG_LEVEL=debug",
-	}
+	env := app.runEnv(t, port, "JETSYNC_CVR_FILE="+cvrFile, "ZERO_LOG_LEVEL=debug")
 	if err := os.MkdirAll(filepath.Dir(cvrFile), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -15,16 +13,7 @@ import (
 func TestCVR_Restart(t *testing.T) {
 	app := newCVRApp(t, 200)
 	port := freePort(t)
-	env := []string{
-		"JETSYNC_DATA_DIR=" + filepath.Join(t.TempDir(), "data"),
-		"ZERO_UPSTREAM_DB=" + app.upstream,
-		"ZERO_APP_ID=" + zeroAppID,
-		"ZERO_APP_PUBLICATIONS=" + zeroPublication,
-		"ZERO_AUTH_SECRET=" + zeroSecret,
-		"ZERO_PORT=" + strconv.Itoa(port),
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-	}
+	env := app.runEnv(t, port)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	srv := start(t, env, "run")
 	waitHealthy(t, srv, url, 90*time.Second)

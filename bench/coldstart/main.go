@@ -14,8 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -25,7 +23,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -34,7 +31,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/producers/pglocal"
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -91,11 +88,11 @@ func run(o options) error {
 	} else {
 		defer os.RemoveAll(root)
 	}
-	bin, err := jetsyncBin(ctx, o.bin, root)
+	bin, err := benchenv.JetsyncBin(ctx, o.bin, root)
 	if err != nil {
 		return err
 	}
-	pg, pgURL, err := startUpstream(ctx, root, o.shared, o.issues)
+	pg, pgURL, err := benchenv.StartUpstream(ctx, root, o.shared, o.issues, appID)
 	if err != nil {
 		return err
 	}
@@ -195,26 +192,26 @@ func dur(v any) time.Duration { return time.Duration(num(v)).Round(time.Millisec
 // report prints a cold view-syncer's times and the steps of its restore,
 // once it has caught up.
 func (p *proc) report(t0 time.Time, st servingTimes) error {
-	if p.log.find("snapshot restored; catching up from the change stream") == nil {
-		return fmt.Errorf("the cold view-syncer did not restore a snapshot:\n%s", p.log.tail())
+	if p.log.Find("snapshot restored; catching up from the change stream") == nil {
+		return fmt.Errorf("the cold view-syncer did not restore a snapshot:\n%s", p.log.Tail())
 	}
-	for deadline := time.Now().Add(5 * time.Minute); p.log.find("caught up after the restore") == nil; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Minute); p.log.Find("caught up after the restore") == nil; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the cold view-syncer did not catch up within 5 minutes:\n%s", p.log.tail())
+			return fmt.Errorf("the cold view-syncer did not catch up within 5 minutes:\n%s", p.log.Tail())
 		}
 	}
 	fmt.Printf("cold view-syncer (restore from snapshot + catch-up): start -> serving %s (/ answers %s)\n",
 		st.serving.Round(time.Millisecond), st.health.Round(time.Millisecond))
 	for _, m := range []string{"downloading snapshot", "snapshot downloaded", "snapshot restored; catching up from the change stream",
 		"http listening", "caught up after the restore"} {
-		if at, ok := p.log.at(m); ok {
+		if at, ok := p.log.At(m); ok {
 			fmt.Printf("  %-55s +%s\n", m, at.Sub(t0).Round(time.Millisecond))
 		}
 	}
-	if rec := p.log.find("snapshot downloaded"); rec != nil {
+	if rec := p.log.Find("snapshot downloaded"); rec != nil {
 		fmt.Printf("  download: %.0f MB in %s (%v MB/s)\n", num(rec["bytes"])/1e6, dur(rec["took"]), rec["mb_per_s"])
 	}
-	if rec := p.log.find("caught up after the restore"); rec != nil {
+	if rec := p.log.Find("caught up after the restore"); rec != nil {
 		fmt.Printf("  catch-up: %.0f stream messages in %s\n", num(rec["messages"]), dur(rec["took"]))
 	}
 	return nil
@@ -293,68 +290,10 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// jetsyncBin returns path when it exists, else builds ./cmd/jetsync into dir.
-func jetsyncBin(ctx context.Context, path, dir string) (string, error) {
-	if _, err := os.Stat(path); err == nil {
-		return filepath.Abs(path)
-	}
-	out := filepath.Join(dir, "jetsync")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/jetsync")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build jetsync: %w\n%s", err, b)
-	}
-	return out, nil
-}
-
-// startUpstream starts a throwaway Postgres seeded by seed.sh, with read
-// rules letting anyone read every table.
-func startUpstream(ctx context.Context, root, shared string, issues int) (*pglocal.Cluster, string, error) {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	pg, err := pglocal.Start(ctx, pglocal.Config{Dir: filepath.Join(root, "pg"), FsyncOff: true, Logger: log})
-	if err != nil {
-		return nil, "", fmt.Errorf("start postgres: %w", err)
-	}
-	url := pg.URL("zpeer")
-	fail := func(err error) (*pglocal.Cluster, string, error) {
-		_ = pg.Kill(context.WithoutCancel(ctx))
-		return nil, "", err
-	}
-	if err := pg.CreateDatabase(ctx, "zpeer"); err != nil {
-		return fail(err)
-	}
-	t0 := time.Now()
-	seed := exec.CommandContext(ctx, "bash", filepath.Join(shared, "seed.sh"), strconv.Itoa(issues))
-	seed.Env = append(os.Environ(), fmt.Sprintf("PSQL=%s %s -v ON_ERROR_STOP=1 -q", filepath.Join(pglocal.DefaultBinDir, "psql"), url))
-	out, err := seed.CombinedOutput()
-	if err != nil {
-		return fail(fmt.Errorf("seed: %w\n%s", err, out))
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	fmt.Printf("seeded in %v: %s\n", time.Since(t0).Round(time.Millisecond), lines[len(lines)-1])
-	anyone := `{"row":{"select":[["allow",{"type":"and","conditions":[]}]]}}`
-	rules := `{"tables":{"user":` + anyone + `,"issue":` + anyone + `,"comment":` + anyone + `,"label":` + anyone + `,"issue_label":` + anyone + `}}`
-	schema := pgx.Identifier{appID}.Sanitize()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return fail(err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.PgConn().Exec(ctx, `
-CREATE SCHEMA IF NOT EXISTS `+schema+`;
-CREATE TABLE IF NOT EXISTS `+schema+`.permissions ("permissions" JSONB, "hash" TEXT, "lock" BOOL PRIMARY KEY DEFAULT true CHECK (lock));
-INSERT INTO `+schema+`.permissions (permissions, hash) VALUES ('`+rules+`', md5('`+rules+`'::jsonb::text))
-	ON CONFLICT (lock) DO UPDATE SET permissions = EXCLUDED.permissions, hash = EXCLUDED.hash;
-`).ReadAll(); err != nil {
-		return fail(fmt.Errorf("deploy permissions: %w", err))
-	}
-	return pg, url, nil
-}
-
 // proc is a running jetsync subcommand.
 type proc struct {
 	cmd  *exec.Cmd
-	log  *logWatch
+	log  *benchenv.LogWatch
 	done chan struct{}
 	err  error
 }
@@ -364,7 +303,7 @@ func start(bin, root, sub, logName string, env []string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &proc{log: &logWatch{file: f}, done: make(chan struct{})}
+	p := &proc{log: benchenv.NewLogWatch(f), done: make(chan struct{})}
 	p.cmd = exec.Command(bin, sub)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "ZERO_") && !strings.HasPrefix(kv, "JETSYNC_") {
@@ -404,7 +343,7 @@ func (p *proc) serving(ctx context.Context, t0 time.Time, q query) (servingTimes
 	var st servingTimes
 	base := ""
 	for deadline := time.Now().Add(10 * time.Minute); ; {
-		if rec := p.log.find("http listening"); rec != nil && base == "" {
+		if rec := p.log.Find("http listening"); rec != nil && base == "" {
 			port, _ := rec["port"].(float64)
 			base = fmt.Sprintf("http://127.0.0.1:%d", int(port))
 		}
@@ -419,17 +358,17 @@ func (p *proc) serving(ctx context.Context, t0 time.Time, q query) (servingTimes
 		}
 		select {
 		case <-p.done:
-			return st, fmt.Errorf("exited (%v):\n%s", p.err, p.log.tail())
+			return st, fmt.Errorf("exited (%v):\n%s", p.err, p.log.Tail())
 		case <-ctx.Done():
 			return st, ctx.Err()
 		case <-time.After(5 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return st, fmt.Errorf("/ not healthy within 10 minutes:\n%s", p.log.tail())
+			return st, fmt.Errorf("/ not healthy within 10 minutes:\n%s", p.log.Tail())
 		}
 	}
 	if err := hydrate(base, q); err != nil {
-		return st, fmt.Errorf("query: %w\n%s", err, p.log.tail())
+		return st, fmt.Errorf("query: %w\n%s", err, p.log.Tail())
 	}
 	st.serving = time.Since(t0)
 	return st, nil
@@ -511,67 +450,4 @@ func hydrate(base string, q query) error {
 			return nil
 		}
 	}
-}
-
-// logWatch keeps jetsync's JSON log records, with their arrival time, and
-// copies them to a file.
-type logWatch struct {
-	file    io.Writer
-	mu      sync.Mutex
-	partial []byte
-	recs    []map[string]any
-	times   []time.Time
-}
-
-func (l *logWatch) Write(b []byte) (int, error) {
-	_, _ = l.file.Write(b)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, b...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			return len(b), nil
-		}
-		var rec map[string]any
-		if json.Unmarshal(l.partial[:i], &rec) != nil {
-			rec = map[string]any{"msg": string(l.partial[:i])}
-		}
-		l.recs = append(l.recs, rec)
-		l.times = append(l.times, time.Now())
-		l.partial = l.partial[i+1:]
-	}
-}
-
-func (l *logWatch) find(msg string) map[string]any {
-	rec, _ := l.findAt(msg)
-	return rec
-}
-
-func (l *logWatch) at(msg string) (time.Time, bool) {
-	_, t := l.findAt(msg)
-	return t, !t.IsZero()
-}
-
-func (l *logWatch) findAt(msg string) (map[string]any, time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i, r := range l.recs {
-		if r["msg"] == msg {
-			return r, l.times[i]
-		}
-	}
-	return nil, time.Time{}
-}
-
-func (l *logWatch) tail() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var b strings.Builder
-	for _, r := range l.recs[max(0, len(l.recs)-20):] {
-		line, _ := json.Marshal(r)
-		b.Write(line)
-		b.WriteByte('\n')
-	}
-	return b.String()
 }

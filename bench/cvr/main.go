@@ -22,8 +22,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite"
 
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
-	natsconfig "github.com/jetsync/jetsync/nats-config"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -47,20 +47,12 @@ func run(rows, pokes, groups int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := natsconfig.Start(natsconfig.Config{StoreDir: filepath.Join(dir, "nats")})
+	ns, err := benchenv.StartNATS(filepath.Join(dir, "nats"), nil)
 	if err != nil {
 		return err
 	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	nc, err := natsconfig.Connect(ns)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer ns.Close()
+	js := ns.JS
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	open := func(owner, file string) (*cvrstore.Store, error) {
 		return cvrstore.Open(ctx, cvrstore.Config{JS: js, Shard: shard, File: filepath.Join(dir, file), OwnerID: owner, Logger: quiet})

@@ -27,9 +27,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite"
 
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/restore"
-	natsconfig "github.com/jetsync/jetsync/nats-config"
 	"github.com/jetsync/jetsync/producers/backup"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -207,20 +207,12 @@ func run(mb, txs int, dir string) error {
 		dir = d
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	ns, err := natsconfig.Start(natsconfig.Config{StoreDir: filepath.Join(dir, "nats"), Logger: quiet})
+	ns, err := benchenv.StartNATS(filepath.Join(dir, "nats"), quiet)
 	if err != nil {
 		return err
 	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	nc, err := natsconfig.Connect(ns)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer ns.Close()
+	js := ns.JS
 	e := &env{js: js, shard: streams.Shard{App: "zero", Num: 0}, lsn: 0x1000}
 	_, kv, err := streams.Ensure(ctx, js, streams.Config{Shard: e.shard})
 	if err != nil {

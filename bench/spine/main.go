@@ -39,8 +39,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	_ "modernc.org/sqlite"
 
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
 	"github.com/jetsync/jetsync/consumers/replica"
-	natsconfig "github.com/jetsync/jetsync/nats-config"
 	"github.com/jetsync/jetsync/producers/pglocal"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
@@ -135,20 +135,12 @@ func run(o options) error {
 		return err
 	}
 	t0 := time.Now()
-	ns, err := natsconfig.Start(natsconfig.Config{StoreDir: filepath.Join(root, "nats"), Logger: log})
+	ns, err := benchenv.StartNATS(filepath.Join(root, "nats"), log)
 	if err != nil {
 		return err
 	}
-	defer ns.Shutdown()
-	nc, err := natsconfig.Connect(ns)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
+	defer ns.Close()
+	nc, js := ns.Conn, ns.JS
 	shard := streams.Shard{App: "zero", Num: 0}
 	src, err := pgrepl.New(pgrepl.Config{UpstreamURL: url, Shard: shard, Publications: []string{"zpeer_pub"}, CopyWorkers: o.copiers, Logger: log}, js)
 	if err != nil {

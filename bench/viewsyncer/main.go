@@ -26,11 +26,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
 )
 
 // zero-cache 1.9.0 on this machine (../shared/bench/README.md), and the
@@ -114,7 +115,7 @@ func run(o options) error {
 	} else {
 		defer os.RemoveAll(root)
 	}
-	bin, err := jetsyncBin(ctx, o.bin, root)
+	bin, err := benchenv.JetsyncBin(ctx, o.bin, root)
 	if err != nil {
 		return err
 	}
@@ -198,21 +199,6 @@ func run(o options) error {
 		<-sig
 	}
 	return nil
-}
-
-// jetsyncBin returns path when it exists, else builds ./cmd/jetsync into dir
-// without -race, as make build does.
-func jetsyncBin(ctx context.Context, path, dir string) (string, error) {
-	if _, err := os.Stat(path); err == nil {
-		return filepath.Abs(path)
-	}
-	out := filepath.Join(dir, "jetsync")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/jetsync")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build jetsync: %w\n%s", err, b)
-	}
-	return out, nil
 }
 
 // nodeBin is the Node 22 that make node-deps installs (scripts/node22).

@@ -4,23 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
 	"github.com/jetsync/jetsync/producers/pglocal"
 )
 
@@ -36,70 +31,18 @@ type upstream struct {
 
 func (u *upstream) close() { _ = u.pg.Kill(context.Background()) }
 
-// startUpstream starts a throwaway Postgres, seeds it with seed.sh and
-// deploys read rules letting anyone read every table.
 func startUpstream(ctx context.Context, root, shared string, issues int) (*upstream, error) {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	pg, err := pglocal.Start(ctx, pglocal.Config{Dir: filepath.Join(root, "pg"), FsyncOff: true, Logger: log})
+	pg, url, err := benchenv.StartUpstream(ctx, root, shared, issues, appID)
 	if err != nil {
-		return nil, fmt.Errorf("start postgres: %w", err)
-	}
-	u := &upstream{pg: pg, url: pg.URL("zpeer")}
-	if err := pg.CreateDatabase(ctx, "zpeer"); err != nil {
-		u.close()
 		return nil, err
 	}
-	start := time.Now()
-	seed := exec.CommandContext(ctx, "bash", filepath.Join(shared, "seed.sh"), strconv.Itoa(issues))
-	seed.Env = append(os.Environ(), fmt.Sprintf("PSQL=%s %s -v ON_ERROR_STOP=1 -q", filepath.Join(pglocal.DefaultBinDir, "psql"), u.url))
-	out, err := seed.CombinedOutput()
-	if err != nil {
-		u.close()
-		return nil, fmt.Errorf("seed: %w\n%s", err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	fmt.Printf("seeded in %v: %s\n", time.Since(start).Round(time.Millisecond), lines[len(lines)-1])
-	if err := deployPermissions(ctx, u.url); err != nil {
-		u.close()
-		return nil, err
-	}
-	return u, nil
-}
-
-// deployPermissions stores in <app>.permissions what zero-deploy-permissions
-// stores for the e2e app's schema (e2e/client/app/schema.mjs), whose rules
-// are ANYONE_CAN on every table: read permissions deny by default, and the
-// demo's own rules come only with the demo database.
-func deployPermissions(ctx context.Context, url string) error {
-	anyone := `{"row":{"select":[["allow",{"type":"and","conditions":[]}]]}}`
-	rules := `{"tables":{"user":` + anyone + `,"issue":` + anyone + `,"comment":` + anyone +
-		`,"label":` + anyone + `,"issue_label":` + anyone + `}}`
-	schema := pgx.Identifier{appID}.Sanitize()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.PgConn().Exec(ctx, `
-CREATE SCHEMA IF NOT EXISTS `+schema+`;
-CREATE TABLE IF NOT EXISTS `+schema+`.permissions (
-	"permissions" JSONB,
-	"hash" TEXT,
-	"lock" BOOL PRIMARY KEY DEFAULT true CHECK (lock)
-);
-INSERT INTO `+schema+`.permissions (permissions, hash) VALUES ('`+rules+`', md5('`+rules+`'::jsonb::text))
-	ON CONFLICT (lock) DO UPDATE SET permissions = EXCLUDED.permissions, hash = EXCLUDED.hash;
-`).ReadAll()
-	if err != nil {
-		return fmt.Errorf("deploy permissions: %w", err)
-	}
-	return nil
+	return &upstream{pg: pg, url: url}, nil
 }
 
 // jetsync is a running `jetsync run`.
 type jetsync struct {
 	cmd     *exec.Cmd
-	log     *logWatch
+	log     *benchenv.LogWatch
 	done    chan struct{}
 	err     error
 	base    string // http://127.0.0.1:PORT
@@ -114,7 +57,7 @@ func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) 
 	if err != nil {
 		return nil, err
 	}
-	j := &jetsync{log: &logWatch{file: logFile}, done: make(chan struct{})}
+	j := &jetsync{log: benchenv.NewLogWatch(logFile), done: make(chan struct{})}
 	j.cmd = exec.Command(bin, "run")
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "ZERO_") && !strings.HasPrefix(kv, "JETSYNC_") {
@@ -178,18 +121,18 @@ func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) 
 func (j *jetsync) waitLog(ctx context.Context, msg string, limit time.Duration) (map[string]any, error) {
 	deadline := time.Now().Add(limit)
 	for {
-		if rec := j.log.find(msg); rec != nil {
+		if rec := j.log.Find(msg); rec != nil {
 			return rec, nil
 		}
 		select {
 		case <-j.done:
-			return nil, fmt.Errorf("jetsync exited (%v) before logging %q:\n%s", j.err, msg, j.log.tail())
+			return nil, fmt.Errorf("jetsync exited (%v) before logging %q:\n%s", j.err, msg, j.log.Tail())
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("jetsync did not log %q within %v:\n%s", msg, limit, j.log.tail())
+			return nil, fmt.Errorf("jetsync did not log %q within %v:\n%s", msg, limit, j.log.Tail())
 		}
 	}
 }
@@ -198,10 +141,10 @@ func (j *jetsync) waitLog(ctx context.Context, msg string, limit time.Duration) 
 func (j *jetsync) alive() error {
 	select {
 	case <-j.done:
-		return fmt.Errorf("jetsync exited during the benchmark (%v):\n%s", j.err, j.log.tail())
+		return fmt.Errorf("jetsync exited during the benchmark (%v):\n%s", j.err, j.log.Tail())
 	default:
 	}
-	if rec := j.log.level("ERROR"); rec != nil {
+	if rec := j.log.Level("ERROR"); rec != nil {
 		return fmt.Errorf("jetsync logged an error: %v", rec)
 	}
 	return nil
@@ -272,67 +215,6 @@ func (j *jetsync) metric(name string) int64 {
 		}
 	}
 	return -1
-}
-
-// logWatch keeps jetsync's JSON log records, and copies them to a file.
-type logWatch struct {
-	file    io.Writer
-	mu      sync.Mutex
-	partial []byte
-	recs    []map[string]any
-}
-
-func (l *logWatch) Write(b []byte) (int, error) {
-	_, _ = l.file.Write(b)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.partial = append(l.partial, b...)
-	for {
-		i := bytes.IndexByte(l.partial, '\n')
-		if i < 0 {
-			return len(b), nil
-		}
-		var rec map[string]any
-		if json.Unmarshal(l.partial[:i], &rec) != nil {
-			rec = map[string]any{"msg": string(l.partial[:i])}
-		}
-		l.recs = append(l.recs, rec)
-		l.partial = l.partial[i+1:]
-	}
-}
-
-func (l *logWatch) find(msg string) map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.recs {
-		if r["msg"] == msg {
-			return r
-		}
-	}
-	return nil
-}
-
-func (l *logWatch) level(level string) map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.recs {
-		if r["level"] == level {
-			return r
-		}
-	}
-	return nil
-}
-
-func (l *logWatch) tail() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var b strings.Builder
-	for _, r := range l.recs[max(0, len(l.recs)-20):] {
-		line, _ := json.Marshal(r)
-		b.Write(line)
-		b.WriteByte('\n')
-	}
-	return b.String()
 }
 
 var errTimeout = errors.New("timed out")

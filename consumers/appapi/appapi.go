@@ -14,6 +14,7 @@ package appapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -119,27 +120,13 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.AppID == "" {
-		c.AppID = DefaultAppID
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.AttemptTimeout == 0 {
-		c.AttemptTimeout = DefaultAttemptTimeout
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
-	}
-	if c.CacheTTL == 0 {
-		c.CacheTTL = DefaultCacheTTL
-	}
-	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.AppID = cmp.Or(c.AppID, DefaultAppID)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.AttemptTimeout = cmp.Or(c.AttemptTimeout, DefaultAttemptTimeout)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
+	c.CacheTTL = cmp.Or(c.CacheTTL, DefaultCacheTTL)
+	c.HTTPClient = cmp.Or(c.HTTPClient, &http.Client{})
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -12,6 +12,7 @@
 package cvrstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -76,18 +77,10 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = DefaultLeaseTTL
-	}
-	if c.CompactAfter == 0 {
-		c.CompactAfter = DefaultCompactAfter
-	}
-	if c.MaxMessageBytes == 0 {
-		c.MaxMessageBytes = streams.CVRMaxMessageBytes
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	c.CompactAfter = cmp.Or(c.CompactAfter, DefaultCompactAfter)
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, streams.CVRMaxMessageBytes)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

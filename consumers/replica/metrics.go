@@ -1,11 +1,11 @@
 package replica
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetsync/jetsync/internal/promreg"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -49,45 +49,16 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 			Name: "jetsync_replica_disk_full_retries_total", Help: "Writes to the replica that failed because its disk was full, each retried after a backoff.", ConstLabels: labels,
 		}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var err error
-	if m.txns, err = register(reg, m.txns); err != nil {
+	if err := promreg.Register(reg, &m.txns, &m.changes, &m.diskFullRetries); err != nil {
 		return nil, err
 	}
-	if m.changes, err = register(reg, m.changes); err != nil {
+	if err := promreg.Register(reg, &m.lsn, &m.seq, &m.diskFull); err != nil {
 		return nil, err
 	}
-	if m.lsn, err = register(reg, m.lsn); err != nil {
-		return nil, err
-	}
-	if m.seq, err = register(reg, m.seq); err != nil {
-		return nil, err
-	}
-	if m.lag, err = register(reg, m.lag); err != nil {
-		return nil, err
-	}
-	if m.diskFull, err = register(reg, m.diskFull); err != nil {
-		return nil, err
-	}
-	if m.diskFullRetries, err = register(reg, m.diskFullRetries); err != nil {
+	if err := promreg.Register(reg, &m.lag); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the identical collector registered
-// before (a consumer restarted in the same process).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if old, ok := are.ExistingCollector.(C); ok {
-			return old, nil
-		}
-	}
-	return c, err
 }
 
 func (m *metrics) observe(st replica.State) {

@@ -5,6 +5,7 @@
 package restore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,24 +67,14 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.Heartbeat == 0 {
-		c.Heartbeat = DefaultHeartbeat
-	}
-	if c.ReservationTTL == 0 {
-		c.ReservationTTL = DefaultReservationTTL
-	}
-	if c.ProgressEvery == 0 {
-		c.ProgressEvery = DefaultProgressEvery
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.Heartbeat = cmp.Or(c.Heartbeat, DefaultHeartbeat)
+	c.ReservationTTL = cmp.Or(c.ReservationTTL, DefaultReservationTTL)
+	c.ProgressEvery = cmp.Or(c.ProgressEvery, DefaultProgressEvery)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

@@ -6,6 +6,7 @@
 package backup
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,29 +96,20 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.Interval, DefaultInterval)
-	def(&c.CheckInterval, DefaultCheckInterval)
-	def(&c.CleanupDelay, DefaultCleanupDelay)
-	def(&c.PurgeWait, DefaultPurgeWait)
-	def(&c.WedgedGrace, DefaultWedgedGrace)
-	def(&c.InitialGracePerUnit, DefaultInitialGracePerUnit)
-	def(&c.ProtectMaxLag, DefaultProtectMaxLag)
-	def(&c.ReservationTTL, DefaultReservationTTL)
-	def(&c.OrphanGrace, DefaultOrphanGrace)
-	if c.Keep == 0 {
-		c.Keep = DefaultKeep
-	}
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.CheckInterval = cmp.Or(c.CheckInterval, DefaultCheckInterval)
+	c.CleanupDelay = cmp.Or(c.CleanupDelay, DefaultCleanupDelay)
+	c.PurgeWait = cmp.Or(c.PurgeWait, DefaultPurgeWait)
+	c.WedgedGrace = cmp.Or(c.WedgedGrace, DefaultWedgedGrace)
+	c.InitialGracePerUnit = cmp.Or(c.InitialGracePerUnit, DefaultInitialGracePerUnit)
+	c.ProtectMaxLag = cmp.Or(c.ProtectMaxLag, DefaultProtectMaxLag)
+	c.ReservationTTL = cmp.Or(c.ReservationTTL, DefaultReservationTTL)
+	c.OrphanGrace = cmp.Or(c.OrphanGrace, DefaultOrphanGrace)
+	c.Keep = cmp.Or(c.Keep, DefaultKeep)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 

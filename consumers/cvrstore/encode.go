@@ -33,12 +33,14 @@ func encodeUpdate(hdr streams.CVRMessage, events []streams.CVREvent, maxBytes in
 	if hdr.Part < 0 {
 		return nil, nil, fmt.Errorf("%w: cvr message: part %d", streams.ErrMalformed, hdr.Part)
 	}
-	// One buffer holds every event's encoding; ends[i] is where event i's
-	// ends. applied is events with the hand-written ones replaced by what
-	// decoding yields, copied on the first such event.
-	var buf []byte
+	// One buffer holds every event's encoding (a row event is ~145
+	// bytes); ends[i] is where event i's ends. decoded holds, by index,
+	// what decoding yields for the events not written by hand: few (the
+	// instance and config records), so only the parts holding them are
+	// copied to apply them.
+	buf := make([]byte, 0, 64+len(events)*160)
 	ends := make([]int, len(events))
-	applied := events
+	var decoded map[int]streams.CVREvent
 	for i := range events {
 		e := &events[i]
 		if e.Op == streams.CVROpSnapshot && i > 0 {
@@ -63,10 +65,10 @@ func encodeUpdate(hdr streams.CVRMessage, events []streams.CVREvent, maxBytes in
 			if err := json.Unmarshal(b, &dec); err != nil {
 				return nil, nil, fmt.Errorf("encode cvr event %d (%s): %w", i, e.Op, err)
 			}
-			if &applied[0] == &events[0] {
-				applied = slices.Clone(events)
+			if decoded == nil {
+				decoded = map[int]streams.CVREvent{}
 			}
-			applied[i] = dec
+			decoded[i] = dec
 		}
 		ends[i] = len(buf)
 	}
@@ -93,7 +95,15 @@ func encodeUpdate(hdr streams.CVRMessage, events []streams.CVREvent, maxBytes in
 		}
 		out = append(out, append(b, "]}"...))
 		m := hdr
-		m.Part, m.Last, m.Events = len(msgs), last, applied[from:to:to]
+		m.Part, m.Last, m.Events = len(msgs), last, events[from:to:to]
+		for i, dec := range decoded {
+			if i >= from && i < to {
+				if &m.Events[0] == &events[from] {
+					m.Events = slices.Clone(m.Events)
+				}
+				m.Events[i-from] = dec
+			}
+		}
 		msgs = append(msgs, &m)
 	}
 	// As the contract reckons it: a header with part 0 and its closing

@@ -244,8 +244,8 @@ func (g *Group) applied(ctx context.Context) error {
 }
 
 // Publish appends one CVR update, at version (the CVR's version after it),
-// and returns once JetStream has stored it, so that a poke sent afterwards
-// never carries a cookie the stream cannot reproduce. An update larger than
+// and returns once JetStream has stored it, so that a pokeEnd sent
+// afterwards never carries a cookie the stream cannot reproduce. An update larger than
 // one message is published as one atomic batch. The update is then applied
 // to the local projection in the background (State, Catchup and a later
 // Load wait for it), so events must not be modified after the call; once

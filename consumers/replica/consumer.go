@@ -61,6 +61,19 @@ const pullBytes = 4 << 20
 // the message with even odds, so a backlog still fills whole batches.
 const pollTries = 8
 
+// Bounds of the wait before following again after a lost pull.
+const (
+	minPullRetry = 100 * time.Millisecond
+	maxPullRetry = 5 * time.Second
+)
+
+// lostPull reports an error of the pull itself, after which following the
+// stream again is all it takes.
+func lostPull(err error) bool {
+	return errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound)
+}
+
 // Config configures a Consumer.
 type Config struct {
 	// File is the SQLite replica's path.
@@ -156,6 +169,13 @@ type Consumer struct {
 	resyncAt    time.Time // when to repeat a resync request; zero = none pending
 	full        diskFull
 	rereadGap   uint64 // seq of the last gap read again before a rebuild
+
+	// wmLatest is the watermark of the last commit, which
+	// publishWatermarks copies to the state bucket off the commit path;
+	// wmWake tells it there is a new one.
+	wmMu     sync.Mutex
+	wmLatest string
+	wmWake   chan struct{}
 }
 
 // New returns a Consumer; Run starts it.
@@ -261,13 +281,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cctx, stopCheckpoints := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { c.checkpoints(cctx) })
+	// The watermark publisher outlives ctx until follow has returned, so
+	// that it publishes the last commit's watermark.
+	c.wmWake = make(chan struct{}, 1)
+	wctx, stopWatermarks := context.WithCancel(context.WithoutCancel(ctx))
+	wg.Go(func() { c.publishWatermarks(wctx) })
 	defer wg.Wait()
 	defer stopCheckpoints()
+	defer stopWatermarks()
 
 	stream, err := c.waitStream(ctx)
 	if err != nil || stream == nil {
 		return err
 	}
+	pullRetry := minPullRetry
 	for {
 		err := c.follow(ctx, stream)
 		if isDiskFull(err) {
@@ -282,6 +309,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.last = nil
 			continue
 		}
+		if lostPull(err) && ctx.Err() == nil {
+			// The server stopped answering the pull (a cluster electing
+			// a consumer leader, a node restarting): the batch in hand was
+			// rolled back unacked, and following again recreates the
+			// consumer at the replica's position.
+			c.log.Warn("change stream pull lost; following again", "err", err, "in", pullRetry)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(pullRetry):
+			}
+			c.last = nil
+			pullRetry = min(2*pullRetry, maxPullRetry)
+			continue
+		}
+		pullRetry = minPullRetry
 		var gap *GapError
 		if !errors.As(err, &gap) {
 			if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
@@ -517,7 +560,7 @@ func (c *Consumer) commit(ctx context.Context) error {
 	c.metrics.changes.Add(float64(o.changes))
 	c.metrics.observeLag(time.Now(), o.commitTimes)
 	c.publish(p.st, o)
-	c.publishWatermark(ctx, p.st.Watermark)
+	c.noteWatermark(p.st.Watermark)
 	if o.initialSync {
 		c.log.Info("initial sync applied", "replica_version", p.st.ReplicaVersion, "seq", p.st.StreamSeq, "changes", o.changes)
 	}
@@ -612,18 +655,63 @@ func (c *Consumer) bucket(ctx context.Context) jetstream.KeyValue {
 	return kv
 }
 
-// publishWatermark puts a copy of the watermark in the state bucket, for
-// monitoring and for the producer. It is best effort: the truth is in
-// SQLite.
-func (c *Consumer) publishWatermark(ctx context.Context, wm string) {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	kv := c.bucket(ctx)
-	if kv == nil || wm == "" {
-		return
+// noteWatermark hands a committed watermark to publishWatermarks.
+func (c *Consumer) noteWatermark(wm string) {
+	c.wmMu.Lock()
+	c.wmLatest = wm
+	c.wmMu.Unlock()
+	select {
+	case c.wmWake <- struct{}{}:
+	default:
 	}
-	if _, err := kv.PutString(ctx, streams.KeyWatermark(sanitize(c.cfg.TaskID), sanitize(c.cfg.Name)), wm); err != nil {
-		c.log.Debug("publish watermark", "err", err)
+}
+
+// publishWatermarks puts a copy of the latest watermark in the state
+// bucket, for monitoring, until ctx ends, and once more then so that the
+// final one is there. Only operators and tests read it, so it runs off the
+// commit path, where waiting for the bucket's fsync held up the next
+// message; watermarks that come while a put is in flight coalesce into
+// one. It is best effort: the truth is in SQLite.
+func (c *Consumer) publishWatermarks(ctx context.Context) {
+	key := streams.KeyWatermark(sanitize(c.cfg.TaskID), sanitize(c.cfg.Name))
+	var kv jetstream.KeyValue
+	var retry time.Time
+	published := ""
+	put := func() {
+		c.wmMu.Lock()
+		wm := c.wmLatest
+		c.wmMu.Unlock()
+		if wm == "" || wm == published {
+			return
+		}
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if kv == nil {
+			if time.Now().Before(retry) {
+				return
+			}
+			b, err := c.js.KeyValue(pctx, c.cfg.Shard.StateBucket())
+			if err != nil {
+				retry = time.Now().Add(10 * time.Second)
+				c.log.Debug("no state bucket", "err", err)
+				return
+			}
+			kv = b
+		}
+		if _, err := kv.PutString(pctx, key, wm); err != nil {
+			c.log.Debug("publish watermark", "err", err)
+			return
+		}
+		published = wm
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			put()
+			return
+		case <-c.wmWake:
+			put()
+		}
 	}
 }
 

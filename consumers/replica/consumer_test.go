@@ -68,6 +68,25 @@ func TestConsumer_Run(t *testing.T) {
 		})
 	})
 
+	// The watermark's copy is written off the commit path, coalesced;
+	// the last one is there once Run returns.
+	t.Run("WatermarkAtShutdown", func(t *testing.T) {
+		e := newEnv(t)
+		e.initialSync(0)
+		r := e.start(e.config(tempFile(t)))
+		for i := range 50 {
+			e.tx(ins(issue(string(rune('a'+i%26))+strings.Repeat("x", i), "T", i)))
+		}
+		r.waitWM(t, e.wm)
+		if err := r.stop(); err != nil {
+			t.Fatal(err)
+		}
+		kve, err := e.kv.Get(context.Background(), streams.KeyWatermark("task1", "replica"))
+		if err != nil || string(kve.Value()) != e.wm {
+			t.Fatalf("watermark in KV after Run = %v, %v; want %s", kve, err, e.wm)
+		}
+	})
+
 	t.Run("PackedMessages", func(t *testing.T) {
 		e := newEnv(t)
 		e.initialSync(0)

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +29,9 @@ func BenchmarkHydrateIssues(b *testing.B) {
 	}
 	// VIEWSYNCER_BENCH_DURABLE=1 keeps the CVRs on the JetStream CVR
 	// stream, as jetsync run does.
+	// VIEWSYNCER_BENCH_REMOVE=1 removes each group's query after it
+	// hydrated, so the live heap is what a group keeps after its query.
+	remove := os.Getenv("VIEWSYNCER_BENCH_REMOVE") != ""
 	e := newEnv(b, envOptions{issues: issues, durable: os.Getenv("VIEWSYNCER_BENCH_DURABLE") != ""})
 	proto, err := encodeSecProtocol(secProtocol{})
 	if err != nil {
@@ -58,6 +62,17 @@ func BenchmarkHydrateIssues(b *testing.B) {
 			}
 		}
 		total += time.Since(start)
+		if remove {
+			// As bench/viewsyncer does: the query goes, with TTL 0.
+			del := `["changeDesiredQueries",{"desiredQueriesPatch":[{"op":"del","hash":"all"}]}]`
+			if err := ws.WriteMessage(websocket.TextMessage, []byte(del)); err != nil {
+				b.Fatal(err)
+			}
+			for gone := false; !gone; {
+				tag, body := readFrame(b, ws)
+				gone = tag == "pokePart" && strings.Contains(string(body), `"gotQueriesPatch":[{"op":"del"`)
+			}
+		}
 		ws.Close()
 	}
 	// The groups stay loaded (GroupIdle): what each holds is the live heap

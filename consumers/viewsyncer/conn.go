@@ -440,8 +440,9 @@ func (c *conn) writeLoop() {
 	}
 }
 
-// sendPoke queues one poke from base to cookie.
-func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeContent) error {
+// sendPoke queues one poke from base to cookie; begun is set when its
+// pokeStart and first parts were streamed already (pokeStream).
+func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeContent, begun bool) error {
 	var bc *string
 	if hasBase {
 		bc = &base
@@ -455,8 +456,10 @@ func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeConten
 		frames = append(frames, b)
 		return nil
 	}
-	if err := add("pokeStart", pokeStartBody{PokeID: cookie, BaseCookie: bc}); err != nil {
-		return err
+	if !begun {
+		if err := add("pokeStart", pokeStartBody{PokeID: cookie, BaseCookie: bc}); err != nil {
+			return err
+		}
 	}
 	if !pc.empty() {
 		size := 0

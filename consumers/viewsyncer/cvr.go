@@ -126,8 +126,8 @@ type cvrStore interface {
 	// takes the group's ownership; *cvrstore.OwnedError reports a live
 	// peer that holds it.
 	load(ctx context.Context, groupID string) (*cvr, error)
-	// flush makes the update durable; it returns before the poke that
-	// depends on it goes out.
+	// flush makes the update durable; it returns before the pokeEnd that
+	// carries its cookie goes out.
 	flush(ctx context.Context, c *cvr, u *update) error
 	// unload gives up a group no longer in memory: its ownership goes
 	// back, so that a peer may serve it.

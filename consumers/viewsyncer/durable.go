@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/cvrstore"
@@ -21,7 +22,8 @@ const clockPersistMs = 60_000
 
 // durableStore keeps CVRs in the JetStream CVR stream through a
 // cvrstore.Store: loading a group takes its lease, and each flush publishes
-// the records the update changed before its poke goes out.
+// the records the update changed before the pokeEnd that carries its
+// cookie goes out.
 type durableStore struct {
 	s   *cvrstore.Store
 	log *slog.Logger
@@ -172,6 +174,7 @@ func (d *durableStore) flush(ctx context.Context, c *cvr, u *update) error {
 		return nil
 	}
 	in.LastActiveMs = time.Now().UnixMilli()
+	evs = slices.Grow(evs, 1+len(cfg)+len(rows))
 	evs = append(evs, streams.CVREvent{Op: streams.CVROpInstance, Instance: &in})
 	evs = append(append(evs, cfg...), rows...)
 	if err := dg.w.Publish(ctx, c.version, evs); err != nil {
@@ -259,13 +262,16 @@ func sameDesire(a, b streams.CVRDesire) bool {
 
 // rowEvents are the events for the rows the update touched and changed.
 // A row deleted from the CVR was never sent, nor written.
+//
+// The records are allocated together: a hydration writes 100k of them.
 func rowEvents(c *cvr, u *update) ([]streams.CVREvent, error) {
-	var evs []streams.CVREvent
 	all := u.reset
 	ids := u.rowOrder
 	if all {
 		ids = sortedKeys(c.rows)
 	}
+	evs := make([]streams.CVREvent, 0, len(ids))
+	recs := make([]streams.CVRRow, 0, len(ids)) // never grown: evs point into it
 	for _, id := range ids {
 		rec := c.rows[id]
 		if rec == nil {
@@ -277,9 +283,10 @@ func rowEvents(c *cvr, u *update) ([]streams.CVREvent, error) {
 		}
 		// Publish applies the events after it returns: they may share
 		// the record's refs, which are replaced, never changed (addRef).
-		evs = append(evs, streams.CVREvent{Op: streams.CVROpPutRow, Row: &streams.CVRRow{
+		recs = append(recs, streams.CVRRow{
 			Table: rec.table, Key: json.RawMessage(rec.key), RowVersion: rec.rowVersion, PatchVersion: rec.patchVersion, Refs: rec.refs,
-		}})
+		})
+		evs = append(evs, streams.CVREvent{Op: streams.CVROpPutRow, Row: &recs[len(recs)-1]})
 	}
 	return evs, nil
 }

@@ -81,6 +81,8 @@ type envOptions struct {
 	// maintenance intervals.
 	api                     bool
 	revalidate, retransform time.Duration
+	// wrapStore, if set, replaces the server's CVR store before it starts.
+	wrapStore func(cvrStore) cvrStore
 }
 
 // syncer is one view-syncer over the env's replica.
@@ -170,6 +172,9 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.wrapStore != nil {
+		srv.store = o.wrapStore(srv.store)
 	}
 	s.srv = srv
 	for _, p := range Patterns {

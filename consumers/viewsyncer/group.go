@@ -154,6 +154,11 @@ type update struct {
 	rows     []string // IDs of rows whose patchVersion is version
 	queries  []string
 	desires  [][2]string // clientID, hash
+	// compare has finishRows compare row values, not only versions.
+	compare bool
+	// stream, when not nil, sends row puts to the connections at from
+	// while the update is built (pokeStream).
+	stream *pokeStream
 }
 
 type rowStart struct {
@@ -188,6 +193,12 @@ func (u *update) v() string {
 		u.version = bumpConfig(u.from)
 	}
 	return u.version
+}
+
+// putNeeded reports whether a row live at the end of an update, which found
+// it as st, is sent as a put.
+func putNeeded(st rowStart, rec *rowRecord, compare bool) bool {
+	return !st.live || rec.rowVersion != st.version || compare && !st.value.IsZero() && !rec.value.Equal(st.value)
 }
 
 func (u *update) touchRow(id string, rec *rowRecord) {
@@ -368,7 +379,7 @@ func (g *group) sync(ctx context.Context, snap *snapshot, changed *changeSet) er
 	return nil
 }
 
-func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeSet) error {
+func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeSet) (err error) {
 	if changed != nil && stateOf(g.cvr.version) < snap.from {
 		// The pipelines missed changes before snap.from.
 		changed = nil
@@ -378,6 +389,14 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		return replicaChanged(g.cvr.replicaVersion, snap.replicaVersion)
 	}
 	u := g.beginQuery(snap.version)
+	u.compare = changed == nil
+	u.stream = g.newPokeStream(u)
+	defer func() {
+		if err != nil {
+			// A poke begun will never end: its clients reconnect.
+			u.stream.abandon()
+		}
+	}()
 	now := g.ttlClock(time.Now())
 
 	hashes := make([]string, 0, len(g.pipelines))
@@ -471,7 +490,9 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		}
 	}
 	g.cold = false
-	g.finishRows(u, changed == nil)
+	if err := g.finishRows(u); err != nil {
+		return err
+	}
 	if g.cvr.replicaVersion == "" {
 		g.cvr.replicaVersion = snap.replicaVersion
 	}
@@ -598,39 +619,33 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 
 // hydrate evaluates p on snap and moves the CVR's references to its new
 // result.
+// Rows are taken, and streamed, as the evaluation brings them.
 func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
-	res, err := p.view.Hydrate(ctx, snap.tx)
+	now := make(map[string]struct{}, len(p.rows))
+	rowsRead, err := p.view.HydrateEach(ctx, snap.tx, func(r zql.RowValue) error {
+		id, key, err := rowID(r)
+		if err != nil {
+			return err
+		}
+		if _, dup := now[id]; dup {
+			return nil
+		}
+		now[id] = struct{}{}
+		rec := g.cvr.rows[id]
+		u.touchRow(id, rec)
+		if rec == nil {
+			rec = &rowRecord{table: r.Table(), key: key}
+			g.cvr.rows[id] = rec
+		}
+		g.addRef(rec, p.hash)
+		rec.value, rec.rowVersion = r, r.Version()
+		return g.streamRow(u, id, rec)
+	})
 	if err != nil {
 		return fmt.Errorf("hydrate %s: %w", p.hash, err)
 	}
 	g.s.metrics.hydrations.Inc()
-	g.s.metrics.rowsRead.Add(float64(res.RowsRead))
-	tables := make([]string, 0, len(res.Values))
-	for t := range res.Values {
-		tables = append(tables, t)
-	}
-	sort.Strings(tables)
-	now := make(map[string]struct{}, res.Len())
-	for _, table := range tables {
-		for _, r := range res.Values[table] {
-			id, key, err := rowID(r)
-			if err != nil {
-				return err
-			}
-			if _, dup := now[id]; dup {
-				continue
-			}
-			now[id] = struct{}{}
-			rec := g.cvr.rows[id]
-			u.touchRow(id, rec)
-			if rec == nil {
-				rec = &rowRecord{table: table, key: key}
-				g.cvr.rows[id] = rec
-			}
-			g.addRef(rec, p.hash)
-			rec.value, rec.rowVersion = r, r.Version()
-		}
-	}
+	g.s.metrics.rowsRead.Add(float64(rowsRead))
 	for id := range p.rows {
 		if _, ok := now[id]; !ok {
 			rec := g.cvr.rows[id]
@@ -683,6 +698,9 @@ func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeli
 			g.addRef(rec, p.hash)
 			rec.value, rec.rowVersion = r, r.Version()
 			p.rows[id] = struct{}{}
+			if err := g.streamRow(u, id, rec); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -742,12 +760,20 @@ func sortedKeys[V any](m map[string]V) []string {
 // finishRows turns the update's reference changes into row patches: a put
 // for a row that appeared or changed, a del (and a tombstone) for one no got
 // query holds any more (server-model.md §4.3).
-func (g *group) finishRows(u *update, compareValues bool) {
+//
+// A row already streamed as a put must end as one: a client would
+// otherwise hold a row the CVR does not record.
+func (g *group) finishRows(u *update) error {
 	for _, id := range u.rowOrder {
 		st, rec := u.rowStart[id], g.cvr.rows[id]
 		live := len(rec.refs) > 0
+		if !live || !putNeeded(st, rec, u.compare) {
+			if _, ok := u.stream.sentRows()[id]; ok {
+				return fmt.Errorf("row %q was streamed as a put but is not one", id)
+			}
+		}
 		switch {
-		case live && (!st.live || rec.rowVersion != st.version || compareValues && !st.value.IsZero() && !rec.value.Equal(st.value)):
+		case live && putNeeded(st, rec, u.compare):
 			rec.patchVersion = u.v()
 			u.rows = append(u.rows, id)
 		case !live && st.live:
@@ -762,10 +788,11 @@ func (g *group) finishRows(u *update, compareValues bool) {
 			rec.refs = nil
 		}
 	}
+	return nil
 }
 
-// flush commits u, then pokes the clients: a poke never carries a cookie
-// the store cannot reproduce. A failed flush breaks the group; its clients
+// flush commits u, then pokes the clients: a pokeEnd never carries a
+// cookie the store cannot reproduce. A failed flush breaks the group; its clients
 // are told to reconnect (Rehome), and find what was durably written.
 func (g *group) flush(ctx context.Context, u *update) error {
 	g.cvr.version = u.version
@@ -794,29 +821,50 @@ func (g *group) reset(ctx context.Context) error {
 // update's patches to those at its starting version, a catch-up from their
 // cookie to the others, and an empty poke to a connection not yet poked
 // (sync-protocol.md §7.2).
+//
+// Connections that were streamed the update's first parts get the rest:
+// its other patches, then the pokeEnd.
 func (g *group) poke(u *update) {
 	v := g.cvr.version
-	var delta *pokeContent
+	ps := u.stream
+	var rest error
+	if ps.begun() {
+		rest = g.sendPart(u)
+	}
+	var delta, remainder *pokeContent
 	for _, c := range g.sortedConns() {
 		if !c.ready || c.hasBase && c.base > v || c.hasBase && c.base == v && c.everPoked {
 			continue
 		}
 		var pc *pokeContent
-		if c.hasBase == (u.from != "") && c.base == u.from {
+		begun := ps.begun() && ps.has(c)
+		switch {
+		case begun && rest != nil:
+			continue // abandoned below
+		case begun:
+			if remainder == nil {
+				remainder = g.delta(u, ps.sent)
+			}
+			pc = remainder
+		case c.hasBase == (u.from != "") && c.base == u.from:
 			if delta == nil {
-				delta = g.delta(u)
+				delta = g.delta(u, nil)
 			}
 			pc = delta
-		} else {
+		default:
 			pc = g.catchup(c.base, c.hasBase)
 		}
 		g.s.metrics.pokes.Inc()
-		if err := c.sendPoke(c.base, c.hasBase, v, pc); err != nil {
+		if err := c.sendPoke(c.base, c.hasBase, v, pc, begun); err != nil {
 			c.fail(newProtocolError(kindInternal, "%v", err))
 			continue
 		}
+		if begun {
+			ps.ended[c] = true
+		}
 		c.base, c.hasBase, c.everPoked = v, true, true
 	}
+	ps.abandon()
 }
 
 func (g *group) sortedConns() []*conn {
@@ -842,7 +890,8 @@ func (pc *pokeContent) empty() bool {
 	return len(pc.desired) == 0 && len(pc.got) == 0 && len(pc.rows) == 0 && len(pc.lmids) == 0 && len(pc.mutations) == 0
 }
 
-func (g *group) delta(u *update) *pokeContent {
+// delta is the update's patches, but for the rows in skip (streamed).
+func (g *group) delta(u *update, skip map[string]struct{}) *pokeContent {
 	pc := &pokeContent{}
 	for _, k := range u.desires {
 		if d := g.cvr.clients[k[0]].desired[k[1]]; d != nil && d.patchVersion == u.version {
@@ -855,6 +904,9 @@ func (g *group) delta(u *update) *pokeContent {
 		}
 	}
 	for _, id := range u.rows {
+		if _, ok := skip[id]; ok {
+			continue
+		}
 		if rec := g.cvr.rows[id]; rec != nil && rec.patchVersion == u.version {
 			g.addRow(pc, rec)
 		}

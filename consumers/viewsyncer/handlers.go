@@ -136,7 +136,26 @@ func (g *group) detach(c *conn) {
 		now := time.Now()
 		g.ttlClock(now)
 		g.clockAt, g.idleSince = time.Time{}, now
+		g.dropViews()
 	}
+}
+
+// dropViews turns an idle group cold: it keeps its CVR but not its
+// pipelines, nor the row values they share, as after a load from the
+// store. A returning client's catch-up re-hydrates them first
+// (catchUpTo), which it mostly would anyway: a group without connections
+// does not follow the replica, and re-hydrates all its queries once it
+// missed an advance. So a whole-table query's rows are not held for
+// GroupIdle after its clients left.
+func (g *group) dropViews() {
+	if g.cvr == nil || g.cvr.version == "" || g.broken || g.unloaded {
+		return
+	}
+	g.pipelines = map[string]*pipeline{}
+	for _, rec := range g.cvr.rows {
+		rec.value = zql.RowValue{}
+	}
+	g.cold = true
 }
 
 // current reports whether c is still its client's connection.

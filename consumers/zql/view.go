@@ -56,6 +56,10 @@ type View struct {
 	// scalarRows holds the companion rows of scalar subqueries.
 	scalarRows *entry
 	indexed    map[string]map[string]bool
+	// each, while HydrateEach runs, gets every row as the view first
+	// holds it; eachErr is its first error, which stops the hydration.
+	each    func(RowValue) error
+	eachErr error
 }
 
 // entry is a root row in the window and what it brings.
@@ -149,6 +153,27 @@ func (v *View) Hydrate(ctx context.Context, q Querier) (*Result, error) {
 	return res, nil
 }
 
+// HydrateEach is Hydrate calling each with every row of the result, in
+// Result's order, as the evaluation first brings it, instead of returning
+// them: a caller can send rows while the query still runs. An error from
+// each stops the hydration and is returned.
+func (v *View) HydrateEach(ctx context.Context, q Querier, each func(RowValue) error) (rowsRead int, err error) {
+	v.reset()
+	v.each, v.eachErr = each, nil
+	defer func() { v.each, v.eachErr = nil, nil }()
+	h := v.hydration(ctx, q)
+	if err := v.build(h, nil); err != nil {
+		v.ready = false
+		return h.rowsRead, err
+	}
+	if v.eachErr != nil {
+		v.ready = false
+		return h.rowsRead, v.eachErr
+	}
+	v.ready = true
+	return h.rowsRead, nil
+}
+
 // Result returns every row the view holds, in Values: scalar companions
 // first, then each root row's, in window order.
 func (v *View) Result() *Result {
@@ -198,6 +223,9 @@ func (v *View) build(h *hydration, tr *tracker) error {
 	if err := v.resolveScalars(h, tr); err != nil {
 		return err
 	}
+	if v.eachErr != nil {
+		return v.eachErr
+	}
 	n := v.q.root
 	if n.limit == 0 {
 		return nil
@@ -218,6 +246,9 @@ func (v *View) build(h *hydration, tr *tracker) error {
 		v.hold(e, c, tr)
 		v.win = append(v.win, e)
 		v.byKey[e.key] = e
+		if v.eachErr != nil {
+			return false, v.eachErr
+		}
 		if n.limit >= 0 && len(v.win) == n.limit {
 			v.more = true
 			return false, nil
@@ -278,6 +309,9 @@ func (v *View) hold(e *entry, c *collector, tr *tracker) {
 		if hr == nil {
 			tr.touch(p.hk, nil)
 			v.held[p.hk] = &held{t: p.t, r: p.r, n: 1}
+			if v.each != nil && v.eachErr == nil {
+				v.eachErr = v.each(RowValue{p.t, p.r})
+			}
 			continue
 		}
 		if hr.r != p.r && rowChanged(hr.r, p.r) {

@@ -500,3 +500,59 @@ func seedIssues(tb testing.TB, issues int) *sql.DB {
 	}
 	return db
 }
+
+// TestView_HydrateEach checks that HydrateEach hands over exactly the rows
+// of Hydrate's result, in its order, and that an error from its callback
+// stops the hydration.
+func TestView_HydrateEach(t *testing.T) {
+	recs := loadIncremental(t)
+	db := seedReplica(t, 1000, 2, true)
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for _, rec := range recs {
+		ast, err := ParseAST(rec.AST)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := Compile(benchSchema, ast)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := q.NewView().Hydrate(ctx, tx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := q.NewView()
+		got := &Result{Values: map[string][]RowValue{}}
+		if _, err := v.HydrateEach(ctx, tx, func(r RowValue) error {
+			got.Values[r.Table()] = append(got.Values[r.Table()], r)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for table, rows := range want.Values {
+			if len(got.Values[table]) != len(rows) {
+				t.Fatalf("%s: %s: %d rows, want %d", rec.ID, table, len(got.Values[table]), len(rows))
+			}
+			for i := range rows {
+				if !got.Values[table][i].Equal(rows[i]) {
+					t.Fatalf("%s: %s row %d differs", rec.ID, table, i)
+				}
+			}
+		}
+		if diff := sameRows(v.Result(), want); diff != "" {
+			t.Fatalf("%s: view after HydrateEach: %s", rec.ID, diff)
+		}
+		if want.Len() == 0 {
+			continue
+		}
+		stop := fmt.Errorf("stop")
+		if _, err := q.NewView().HydrateEach(ctx, tx, func(RowValue) error { return stop }); err != stop {
+			t.Fatalf("%s: HydrateEach = %v, want the callback's error", rec.ID, err)
+		}
+	}
+}

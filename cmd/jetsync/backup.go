@@ -186,6 +186,27 @@ func (r *restoreFlags) restoreReplica(ctx context.Context, rl role, js jetstream
 	return restoreWithRetries(ctx, rl, rs, purgeLock)
 }
 
+// backedReplica is the replica a producing role keeps beside its
+// change-streamer, as components: restored under the purge lock (R-15,
+// R-17), followed, snapshotted by the backup producer, and its restore hold
+// ended once caught up. cons is what a sync server reads.
+func backedReplica(ctx context.Context, rl role, js jetstream.JetStream, file, name, logName string, b *backupFlags, r *restoreFlags, replicas int) (cons *replica.Consumer, comps []component, err error) {
+	hold, err := r.restoreReplica(ctx, rl, js, file, b.reservationTTL, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	cons, err = rl.replica(js, file, name, logName)
+	if err != nil {
+		return nil, nil, err
+	}
+	bp, err := b.producer(rl, js, file, replicas)
+	if err != nil {
+		return nil, nil, err
+	}
+	comps = append([]component{{logName, cons.Run}, {"backup", bp.Run}}, endHold(rl, hold, cons)...)
+	return cons, comps, nil
+}
+
 // endHold is the component that ends a restore's reservation (or releases
 // its purge lock) once cons has caught up with the stream as it stood when
 // the restore finished.

@@ -92,17 +92,7 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	file := c.replica(dataDir, "backup-replica.db")
-	// A change-streamer taking over restores its backup replica under the
-	// purge lock.
-	hold, err := c.restore.restoreReplica(ctx, rl, js, file, c.backup.reservationTTL, true)
-	if err != nil {
-		return err
-	}
-	cons, err := rl.replica(js, file, "backup", "backup-replica")
-	if err != nil {
-		return err
-	}
-	bp, err := c.backup.producer(rl, js, file, c.streamReplicas)
+	_, backed, err := backedReplica(ctx, rl, js, file, "backup", "backup-replica", &c.backup, &c.restore, c.streamReplicas)
 	if err != nil {
 		return err
 	}
@@ -114,7 +104,7 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	log.Info("change-streamer running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream())
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
-		append([]component{{"backup-replica", cons.Run}, {"backup", bp.Run}}, endHold(rl, hold, cons)...),
+		backed,
 		[]component{{"http", h.Run}},
 	)
 }

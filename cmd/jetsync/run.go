@@ -132,17 +132,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		return err
 	}
 	file := c.replica(dataDir, "replica.db")
-	// The one replica is also the backup replica: it is restored under the
-	// purge lock, and snapshotted.
-	hold, err := c.restore.restoreReplica(ctx, rl, js, file, c.backup.reservationTTL, true)
-	if err != nil {
-		return err
-	}
-	cons, err := rl.replica(js, file, "replica", "replica")
-	if err != nil {
-		return err
-	}
-	bp, err := c.backup.producer(rl, js, file, c.streamReplicas)
+	// The one replica is also the backup replica.
+	cons, backed, err := backedReplica(ctx, rl, js, file, "replica", "replica", &c.backup, &c.restore, c.streamReplicas)
 	if err != nil {
 		return err
 	}
@@ -160,7 +151,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
 		[]component{{"view-syncer", srv.Run}},
-		append([]component{{"replica", cons.Run}, {"backup", bp.Run}}, endHold(rl, hold, cons)...),
+		backed,
 		[]component{{"http", h.Run}},
 	)
 }

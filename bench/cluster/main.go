@@ -21,28 +21,25 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/producers/pglocal"
 	"github.com/jetsync/jetsync/streams"
+
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
+	"github.com/jetsync/jetsync/bench/internal/syncclient"
 )
 
 type options struct {
@@ -100,7 +97,6 @@ type result struct {
 func run(o options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var err error
 	if o.bin, err = filepath.Abs(o.bin); err != nil {
 		return err
@@ -121,18 +117,11 @@ func run(o options) error {
 	if !o.keep {
 		defer os.RemoveAll(root)
 	}
-	pg, err := pglocal.Start(ctx, pglocal.Config{Dir: filepath.Join(root, "pg"), FsyncOff: true, Logger: log})
+	pg, url, err := benchenv.StartUpstream(ctx, root, o.shared, o.issues, appID)
 	if err != nil {
-		return fmt.Errorf("start postgres: %w", err)
+		return err
 	}
 	defer pg.Kill(context.Background())
-	if err := pg.CreateDatabase(ctx, "zpeer"); err != nil {
-		return err
-	}
-	url := pg.URL("zpeer")
-	if err := seed(ctx, o, url); err != nil {
-		return err
-	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return err
@@ -143,7 +132,7 @@ func run(o options) error {
 		return err
 	}
 	aloneStart := time.Now()
-	alone, err := loadCount(ctx, pool, ids, o.clients, o.duration/2)
+	alone, err := benchenv.LoadCount(ctx, pool, ids, o.clients, o.duration/2)
 	if err != nil {
 		return err
 	}
@@ -185,10 +174,10 @@ func run(o options) error {
 // measurements and stops them all.
 func measure(ctx context.Context, o options, tp topology, dir, url string, pool *pgxpool.Pool, ids []string) (result, error) {
 	var r result
-	var procs []*proc
+	var procs []*benchenv.Proc
 	defer func() {
 		for _, p := range slices.Backward(procs) {
-			p.stop()
+			p.Stop()
 		}
 	}()
 	natsURLs, err := startNATS(ctx, o.natsServer, tp.nodes, dir, &procs)
@@ -230,15 +219,15 @@ func measure(ctx context.Context, o options, tp topology, dir, url string, pool 
 		return r, err
 	}
 	procs = append(procs, vs)
-	if _, err := vs.waitLog(ctx, "initial sync applied", 5*time.Minute); err != nil {
+	if _, err := vs.WaitLog(ctx, "initial sync applied", 5*time.Minute); err != nil {
 		return r, err
 	}
-	c, err := dial(vs.base, fmt.Sprintf("bench-cluster-%d", time.Now().UnixNano()), "c", initConnection(windowQuery.put(300000)))
+	c, err := syncclient.Dial(vs.Base, syncclient.Options{Group: fmt.Sprintf("bench-cluster-%d", time.Now().UnixNano()), Client: "c", Init: syncclient.InitConnection(windowQuery.Put(300000)), ReadBufferSize: 64 << 10})
 	if err != nil {
 		return r, err
 	}
-	defer c.close()
-	if err := c.waitGot(windowQuery.hash); err != nil {
+	defer c.Close()
+	if _, _, err := c.WaitGot(windowQuery.Hash); err != nil {
 		return r, err
 	}
 	r.ready = time.Since(t0)
@@ -259,8 +248,8 @@ func measure(ctx context.Context, o options, tp topology, dir, url string, pool 
 		return r, err
 	}
 	fmt.Printf("%d transactions: %.0f/s carried to the client, %.0f/s committed\n", r.commits, r.txRate, r.pgDuringRate)
-	for _, p := range []*proc{cs, vs} {
-		if err := p.alive(); err != nil {
+	for _, p := range []*benchenv.Proc{cs, vs} {
+		if err := alive(p); err != nil {
 			return r, err
 		}
 	}
@@ -275,7 +264,7 @@ const (
 
 // windowQuery is the first 30 issues by ID: the rows the latency run
 // retitles.
-var windowQuery = newQuery(`{"table":"issue","limit":30,"orderBy":[["id","asc"]]}`)
+var windowQuery = syncclient.NewQuery(`{"table":"issue","limit":30,"orderBy":[["id","asc"]]}`)
 
 type latencySample struct{ client, stream []time.Duration }
 
@@ -283,7 +272,7 @@ type latencySample struct{ client, stream []time.Duration }
 // one issue of the client's window, and times each from its commit
 // returning to the pokeEnd carrying it, and to an ordered consumer of the
 // change stream getting it.
-func latency(ctx context.Context, pool *pgxpool.Pool, c *wsClient, js jetstream.JetStream, rate, n int, window []string) (latencySample, error) {
+func latency(ctx context.Context, pool *pgxpool.Pool, c *syncclient.Client, js jetstream.JetStream, rate, n int, window []string) (latencySample, error) {
 	var s latencySample
 	marker := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
 	index := func(title string) int {
@@ -297,7 +286,6 @@ func latency(ctx context.Context, pool *pgxpool.Pool, c *wsClient, js jetstream.
 		}
 		return i
 	}
-	committed := make([]atomic.Int64, n)
 	streamed := make([]atomic.Int64, n)
 	arrived := make([]int64, n)
 	// An ordered consumer gets a message once the stream has stored it
@@ -309,18 +297,9 @@ func latency(ctx context.Context, pool *pgxpool.Pool, c *wsClient, js jetstream.
 	}
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		now := time.Now().UnixNano()
-		m, err := streams.Decode(msg.Data())
-		if err != nil {
-			return
-		}
-		for _, p := range m.Parts {
-			for _, ch := range p.Changes {
-				var t string
-				if json.Unmarshal(ch.New["title"], &t) == nil {
-					if i := index(t); i >= 0 {
-						streamed[i].CompareAndSwap(0, now)
-					}
-				}
+		for _, t := range benchenv.NewTitles(msg.Data()) {
+			if i := index(t); i >= 0 {
+				streamed[i].CompareAndSwap(0, now)
 			}
 		}
 	})
@@ -331,18 +310,18 @@ func latency(ctx context.Context, pool *pgxpool.Pool, c *wsClient, js jetstream.
 	done := make(chan error, 1)
 	go func() {
 		for seen := 0; seen < n; {
-			p, err := c.nextPoke(marker)
+			p, err := c.NextPoke(marker)
 			if err != nil {
 				done <- err
 				return
 			}
-			for _, t := range p.markers {
+			for _, t := range p.Markers {
 				// A poke that catches up on several updates of one
 				// row carries only the last: it delivers the
 				// earlier ones too.
 				for i := index(t); i >= 0; i -= len(window) {
 					if arrived[i] == 0 {
-						arrived[i] = p.end.UnixNano()
+						arrived[i] = p.End.UnixNano()
 						seen++
 					}
 				}
@@ -350,29 +329,15 @@ func latency(ctx context.Context, pool *pgxpool.Pool, c *wsClient, js jetstream.
 		}
 		done <- nil
 	}()
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
 	// A few connections, so that a slow commit does not hold the rate back.
-	sem := make(chan struct{}, 8)
-	var wg sync.WaitGroup
-	for i := range n {
-		<-tick.C
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if _, err := pool.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, marker+strconv.Itoa(i), window[i%len(window)]); err == nil {
-				committed[i].Store(time.Now().UnixNano())
-			}
-		})
-	}
-	wg.Wait()
+	committed := benchenv.PacedRetitles(ctx, pool, rate, n, 8, window, func(i int) string { return marker + strconv.Itoa(i) })
 	select {
 	case err := <-done:
 		if err != nil {
 			return s, err
 		}
 	case <-time.After(time.Minute):
-		c.close()
+		c.Close()
 		return s, errors.New("not every update reached the client within a minute of the last commit")
 	}
 	for i := range n {
@@ -391,26 +356,26 @@ func latency(ctx context.Context, pool *pgxpool.Pool, c *wsClient, js jetstream.
 // throughput runs the load for o.duration, then commits a marker in the
 // client's window and waits for the client to have it: the rate carried to
 // the client is the load's commits over that whole time.
-func throughput(ctx context.Context, o options, pool *pgxpool.Pool, c *wsClient, ids []string) (commits int64, carried, committed float64, err error) {
+func throughput(ctx context.Context, o options, pool *pgxpool.Pool, c *syncclient.Client, ids []string) (commits int64, carried, committed float64, err error) {
 	marker := fmt.Sprintf("tput-%d", time.Now().UnixNano())
 	seen := make(chan error, 1)
 	// The client reads all along, as a real one does: a client that stops
 	// reading is disconnected.
 	go func() {
 		for {
-			p, err := c.nextPoke(marker)
+			p, err := c.NextPoke(marker)
 			if err != nil {
 				seen <- err
 				return
 			}
-			if len(p.markers) > 0 {
+			if len(p.Markers) > 0 {
 				seen <- nil
 				return
 			}
 		}
 	}()
 	start := time.Now()
-	if commits, err = loadCount(ctx, pool, ids, o.clients, o.duration); err != nil {
+	if commits, err = benchenv.LoadCount(ctx, pool, ids, o.clients, o.duration); err != nil {
 		return 0, 0, 0, err
 	}
 	committedIn := time.Since(start)
@@ -423,46 +388,14 @@ func throughput(ctx context.Context, o options, pool *pgxpool.Pool, c *wsClient,
 			return 0, 0, 0, err
 		}
 	case <-time.After(5 * time.Minute):
-		c.close()
+		c.Close()
 		return 0, 0, 0, errors.New("the client did not see the load's end within 5 minutes")
 	}
 	return commits, float64(commits) / time.Since(start).Seconds(), float64(commits) / committedIn.Seconds(), nil
 }
 
-// loadCount runs single-row UPDATE transactions on random issues from n
-// clients for d, as bench/spine does, and returns how many committed.
-func loadCount(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, d time.Duration) (int64, error) {
-	var count atomic.Int64
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(i), 7))
-			for ctx.Err() == nil {
-				id := ids[r.IntN(len(ids))]
-				if _, err := pool.Exec(ctx, `UPDATE issue SET modified = modified + 1 WHERE id = $1`, id); err != nil {
-					if ctx.Err() == nil {
-						errs <- err
-					}
-					return
-				}
-				count.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return count.Load(), <-errs
-}
-
 func issueIDs(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	rows, err := pool.Query(ctx, `SELECT id FROM issue ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err := benchenv.IssueIDs(ctx, pool)
 	if err != nil {
 		return nil, err
 	}

@@ -305,12 +305,7 @@ func start(bin, root, sub, logName string, env []string) (*proc, error) {
 	}
 	p := &proc{log: benchenv.NewLogWatch(f), done: make(chan struct{})}
 	p.cmd = exec.Command(bin, sub)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ZERO_") && !strings.HasPrefix(kv, "JETSYNC_") {
-			p.cmd.Env = append(p.cmd.Env, kv)
-		}
-	}
-	p.cmd.Env = append(p.cmd.Env, env...)
+	p.cmd.Env = benchenv.ServerEnv(env...)
 	p.cmd.Stderr = p.log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {

@@ -30,14 +30,15 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
+	"github.com/jetsync/jetsync/bench/internal/syncclient"
 )
 
 // zcMutationMS is zero-cache 1.9.0's custom-mutator round trip, push to
@@ -47,6 +48,9 @@ const zcMutationMS = 20
 // authSecret signs the client's token. Auth is on, as in a real app: the
 // servers verify the JWT, and the API server verifies what they forward.
 const authSecret = "jetsync-bench-secret-0123456789abcdef"
+
+// readTimeout bounds the wait for any one frame.
+const readTimeout = time.Minute
 
 type options struct {
 	server    string
@@ -104,7 +108,7 @@ func run(o options) error {
 		defer os.RemoveAll(root)
 	}
 
-	pg, upstream, err := startUpstream(ctx, root, o.shared, o.issues)
+	pg, upstream, err := benchenv.StartUpstream(ctx, root, o.shared, o.issues, appID)
 	if err != nil {
 		return err
 	}
@@ -113,62 +117,47 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	defer api.stop()
+	defer api.Stop()
 
 	token, err := signToken("u000001", time.Hour)
 	if err != nil {
 		return err
 	}
-	var srv *proc
+	var srv *benchenv.Proc
 	t0 := time.Now()
 	if o.server == "jetsync" {
-		bin, err := jetsyncBin(ctx, o.bin, root)
+		bin, err := benchenv.JetsyncBin(ctx, o.bin, root)
 		if err != nil {
 			return err
 		}
-		srv, err = startJetsync(ctx, bin, root, upstream, api.base)
+		srv, err = startJetsync(ctx, bin, root, upstream, api.Base)
 		if err != nil {
 			return err
 		}
 	} else {
-		srv, err = startZeroCache(ctx, node, root, upstream, api.base)
+		srv, err = startZeroCache(ctx, node, root, upstream, api.Base)
 		if err != nil {
 			return err
 		}
 	}
-	defer srv.stop()
-	fmt.Printf("%s ready in %v, sync endpoint %s, API server %s\n", o.server, time.Since(t0).Round(time.Millisecond), srv.base, api.base)
+	defer srv.Stop()
+	fmt.Printf("%s ready in %v, sync endpoint %s, API server %s\n", o.server, time.Since(t0).Round(time.Millisecond), srv.Base, api.Base)
 
-	hyd, err := measureHydration(srv.base, token, shapesOf(o.issues), o.rounds, o.verbose)
+	hyd, err := measureHydration(srv.Base, token, shapesOf(o.issues), o.rounds, o.verbose)
 	if err != nil {
 		return fmt.Errorf("hydration: %w", err)
 	}
-	mut, err := measureMutations(srv.base, token, o.mutations)
+	mut, err := measureMutations(srv.Base, token, o.mutations)
 	if err != nil {
 		return fmt.Errorf("mutations: %w", err)
 	}
-	for _, p := range []*proc{srv, api} {
-		if err := p.alive(); err != nil {
+	for _, p := range []*benchenv.Proc{srv, api} {
+		if err := p.Alive(); err != nil {
 			return err
 		}
 	}
 	printReport(o, mut, hyd)
 	return nil
-}
-
-// jetsyncBin returns path when it exists, else builds ./cmd/jetsync into dir
-// without -race, as make build does.
-func jetsyncBin(ctx context.Context, path, dir string) (string, error) {
-	if _, err := os.Stat(path); err == nil {
-		return filepath.Abs(path)
-	}
-	out := filepath.Join(dir, "jetsync")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/jetsync")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build jetsync: %w\n%s", err, b)
-	}
-	return out, nil
 }
 
 // shape is one of the e2e app's queries in both forms: the AST the real
@@ -254,31 +243,31 @@ func measureHydration(base, token string, shapes []shape, rounds int, verbose bo
 // with a del (its TTL 0), so that no run's rows stay in the server.
 func hydrateOnce(base, token string, s shape, synced bool) (time.Duration, int, error) {
 	id := strconv.FormatInt(time.Now().UnixNano(), 36)
-	c, err := dial(base, token, "bench-hyd-"+id, "c", "")
+	c, err := syncclient.Dial(base, syncclient.Options{Group: "bench-hyd-" + id, Client: "c", AuthToken: token, ReadTimeout: readTimeout})
 	if err != nil {
 		return 0, 0, err
 	}
-	defer c.close()
-	if err := c.expect("connected"); err != nil {
+	defer c.Close()
+	if err := c.Expect("connected"); err != nil {
 		return 0, 0, err
 	}
 	hash := "h" + id
-	put := astPut(hash, s.ast, 0)
+	put := syncclient.ASTPut(hash, s.ast, 0)
 	if synced {
-		put = syncedPut(hash, s.name, s.args, 0)
+		put = syncclient.SyncedPut(hash, s.name, s.args, 0)
 	}
 	start := time.Now()
-	if err := c.send(initConnection(put)); err != nil {
+	if err := c.Send(syncclient.InitConnection(put)); err != nil {
 		return 0, 0, err
 	}
-	end, rows, err := c.waitGot(hash)
+	end, rows, err := c.WaitGot(hash)
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := c.send(`["changeDesiredQueries",{"desiredQueriesPatch":[{"op":"del","hash":"` + hash + `"}]}]`); err != nil {
+	if err := c.Send(syncclient.DelQuery(hash)); err != nil {
 		return 0, 0, err
 	}
-	if err := c.waitGone(hash); err != nil {
+	if err := c.WaitGone(hash); err != nil {
 		return 0, 0, fmt.Errorf("await the query's removal: %w", err)
 	}
 	return end.Sub(start), rows, nil
@@ -300,12 +289,12 @@ func measureMutations(base, token string, n int) (*mutationTimes, error) {
 	}
 	view := `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":[` + strings.Join(ids, ",") + `]},"op":"IN"},"orderBy":[["id","asc"]]}`
 	group := fmt.Sprintf("bench-mut-%d", time.Now().UnixNano())
-	c, err := dial(base, token, group, "c", initConnection(astPut("view", view, 300000)))
+	c, err := syncclient.Dial(base, syncclient.Options{Group: group, Client: "c", AuthToken: token, Init: syncclient.InitConnection(syncclient.ASTPut("view", view, 300000)), ReadTimeout: readTimeout})
 	if err != nil {
 		return nil, err
 	}
-	defer c.close()
-	if _, _, err := c.waitGot("view"); err != nil {
+	defer c.Close()
+	if _, _, err := c.WaitGot("view"); err != nil {
 		return nil, err
 	}
 	marker := fmt.Sprintf("mut-%d-", time.Now().UnixNano())
@@ -316,21 +305,21 @@ func measureMutations(base, token string, n int) (*mutationTimes, error) {
 		title := marker + strconv.Itoa(i)
 		args := fmt.Sprintf(`{"id":%s,"title":%q,"modified":%d.5}`, ids[i%len(ids)], title, i)
 		start := time.Now()
-		id, err := c.push("issue.setTitle", args)
+		id, err := c.Push("issue.setTitle", args)
 		if err != nil {
 			return nil, err
 		}
 		for {
-			p, err := c.nextPoke()
+			p, err := c.NextPoke(marker)
 			if err != nil {
 				return nil, fmt.Errorf("mutation %d: %w", id, err)
 			}
-			if p.lmids[c.client] < id {
+			if p.LMIDs[c.ID()] < id {
 				continue
 			}
 			if i >= warmup {
-				ds = append(ds, p.end.Sub(start))
-				if !slices.Contains(p.titles, title) {
+				ds = append(ds, p.End.Sub(start))
+				if !slices.Contains(p.Markers, title) {
 					m.apart++
 				}
 			}

@@ -20,7 +20,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,7 +27,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -114,7 +112,7 @@ func run(o options) error {
 		return err
 	}
 	defer pool.Close()
-	ids, err := issueIDs(ctx, pool)
+	ids, err := benchenv.IssueIDs(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -122,7 +120,7 @@ func run(o options) error {
 	// Postgres alone, before any slot exists: the ceiling for the end-to-end figure.
 	cpuAlone := sampleCPU()
 	aloneStart := time.Now()
-	aloneCommits, err := loadCount(ctx, pool, ids, o.clients, o.duration/2)
+	aloneCommits, err := benchenv.LoadCount(ctx, pool, ids, o.clients, o.duration/2)
 	if err != nil {
 		return err
 	}
@@ -202,7 +200,7 @@ func run(o options) error {
 	}
 	loadStart := time.Now()
 	cpuE2E := sampleCPU()
-	e2eCommits, err := loadCount(ctx, pool, ids, o.clients, o.duration)
+	e2eCommits, err := benchenv.LoadCount(ctx, pool, ids, o.clients, o.duration)
 	if err != nil {
 		return err
 	}
@@ -340,54 +338,12 @@ func poll(ctx context.Context, t0 time.Time, limit time.Duration, f func() (bool
 	}
 }
 
-func issueIDs(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	rows, err := pool.Query(ctx, `SELECT id FROM issue ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
-}
-
 // load runs single-row UPDATE transactions from n clients for d and returns
 // commits per second.
 func load(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, d time.Duration) (float64, error) {
 	start := time.Now()
-	c, err := loadCount(ctx, pool, ids, n, d)
+	c, err := benchenv.LoadCount(ctx, pool, ids, n, d)
 	return float64(c) / time.Since(start).Seconds(), err
-}
-
-func loadCount(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, d time.Duration) (int64, error) {
-	var count atomic.Int64
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(i), 7))
-			for ctx.Err() == nil {
-				id := ids[r.IntN(len(ids))]
-				if _, err := pool.Exec(ctx, `UPDATE issue SET modified = modified + 1 WHERE id = $1`, id); err != nil {
-					if ctx.Err() == nil {
-						errs <- err
-					}
-					return
-				}
-				count.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return count.Load(), <-errs
 }
 
 func drainUpdates(sub *replica.Subscription) {
@@ -427,7 +383,6 @@ type latencies struct {
 // (the changed-rows subscription).
 func latency(ctx context.Context, pool *pgxpool.Pool, sub *replica.Subscription, nc *nats.Conn, shard streams.Shard, ids []string, rate, n int) (latencies, error) {
 	drainUpdates(sub)
-	committed := make([]atomic.Int64, n)
 	applied := make([]int64, n)
 	streamed := make([]atomic.Int64, n)
 	prefix := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
@@ -444,18 +399,9 @@ func latency(ctx context.Context, pool *pgxpool.Pool, sub *replica.Subscription,
 	}
 	ns, err := nc.Subscribe(shard.ChangesFilter(), func(msg *nats.Msg) {
 		now := time.Now().UnixNano()
-		m, err := streams.Decode(msg.Data)
-		if err != nil {
-			return
-		}
-		for _, p := range m.Parts {
-			for _, c := range p.Changes {
-				var t string
-				if json.Unmarshal(c.New["title"], &t) == nil {
-					if i := index(t); i >= 0 {
-						streamed[i].CompareAndSwap(0, now)
-					}
-				}
+		for _, t := range benchenv.NewTitles(msg.Data) {
+			if i := index(t); i >= 0 {
+				streamed[i].CompareAndSwap(0, now)
 			}
 		}
 	})
@@ -484,21 +430,7 @@ func latency(ctx context.Context, pool *pgxpool.Pool, sub *replica.Subscription,
 		}
 		done <- nil
 	}()
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	sem := make(chan struct{}, 32)
-	var wg sync.WaitGroup
-	for i := range n {
-		<-tick.C
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if _, err := pool.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, fmt.Sprint(prefix, i), ids[i%len(ids)]); err == nil {
-				committed[i].Store(time.Now().UnixNano())
-			}
-		})
-	}
-	wg.Wait()
+	committed := benchenv.PacedRetitles(ctx, pool, rate, n, 32, ids, func(i int) string { return fmt.Sprint(prefix, i) })
 	if err := <-done; err != nil {
 		return latencies{}, err
 	}

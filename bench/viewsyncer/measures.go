@@ -15,11 +15,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/jetsync/jetsync/bench/internal/syncclient"
 )
 
 // allIssues is the whole issue table, as the e2e app's allIssues shape
 // sends it.
-var allIssues = newQuery(`{"table":"issue","orderBy":[["id","asc"]]}`)
+var allIssues = syncclient.NewQuery(`{"table":"issue","orderBy":[["id","asc"]]}`)
 
 type serverRun struct {
 	took  time.Duration
@@ -32,36 +34,31 @@ type serverRun struct {
 // of the poke carrying its gotQueriesPatch. The query then goes with a del
 // and TTL 0, so that no run's rows stay behind in the server.
 func measureServer(base string, run int) (serverRun, error) {
-	c, err := dial(base, fmt.Sprintf("bench-server-%d-%d", time.Now().UnixNano(), run), "c", "")
+	c, err := syncclient.Dial(base, syncclient.Options{Group: fmt.Sprintf("bench-server-%d-%d", time.Now().UnixNano(), run), Client: "c", ReadBufferSize: 64 << 10})
 	if err != nil {
 		return serverRun{}, err
 	}
-	defer c.close()
-	if err := c.expect("connected"); err != nil {
+	defer c.Close()
+	if err := c.Expect("connected"); err != nil {
 		return serverRun{}, err
 	}
-	c.bytes = 0
+	c.Bytes = 0
 	start := time.Now()
-	if err := c.send(initConnection(allIssues.put(0))); err != nil {
+	if err := c.Send(syncclient.InitConnection(allIssues.Put(0))); err != nil {
 		return serverRun{}, err
 	}
-	end, rows, err := c.waitGot(allIssues.hash)
+	end, rows, err := c.WaitGot(allIssues.Hash)
 	if err != nil {
 		return serverRun{}, err
 	}
-	r := serverRun{took: end.Sub(start), rows: rows, bytes: c.bytes}
-	if err := c.send(`["changeDesiredQueries",{"desiredQueriesPatch":[{"op":"del","hash":"` + allIssues.hash + `"}]}]`); err != nil {
+	r := serverRun{took: end.Sub(start), rows: rows, bytes: c.Bytes}
+	if err := c.Send(syncclient.DelQuery(allIssues.Hash)); err != nil {
 		return r, err
 	}
-	for {
-		p, err := c.nextPoke("")
-		if err != nil {
-			return r, fmt.Errorf("await the query's removal: %w", err)
-		}
-		if p.got[allIssues.hash] == "del" {
-			return r, nil
-		}
+	if err := c.WaitGone(allIssues.Hash); err != nil {
+		return r, fmt.Errorf("await the query's removal: %w", err)
 	}
+	return r, nil
 }
 
 // queries makes each benchmark client's five legacy queries, the ASTs the
@@ -74,28 +71,28 @@ func newQueries(issues int) queries { return queries{issues: issues, users: max(
 // shapes names the five queries, in the order of queries.of.
 var shapes = []string{"openByModified", "issueWithComments", "issuesWithLabels", "issuesWithLabel", "closedOrOwnedBy"}
 
-func (q queries) of(client int) []query {
+func (q queries) of(client int) []syncclient.Query {
 	issue := fmt.Sprintf("i%07d", 1+(client*1999)%q.issues)
 	label := fmt.Sprintf("l%02d", 1+client%20)
 	owner := fmt.Sprintf("u%06d", 1+client%q.users)
-	return []query{
+	return []syncclient.Query{
 		// openByModified({limit: 50})
-		newQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"open"},"right":{"type":"literal","value":true},"op":"="},"related":[{"correlation":{"parentField":["owner_id"],"childField":["id"]},"subquery":{"table":"user","alias":"owner"},"system":"client"}],"limit":50,"orderBy":[["modified","desc"]]}`),
+		syncclient.NewQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"open"},"right":{"type":"literal","value":true},"op":"="},"related":[{"correlation":{"parentField":["owner_id"],"childField":["id"]},"subquery":{"table":"user","alias":"owner"},"system":"client"}],"limit":50,"orderBy":[["modified","desc"]]}`),
 		// issueWithComments({id})
-		newQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"` + issue + `"},"op":"="},"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["created","asc"]]},"system":"client"}],"limit":1}`),
+		syncclient.NewQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"` + issue + `"},"op":"="},"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["created","asc"]]},"system":"client"}],"limit":1}`),
 		// issuesWithLabels({limit: 30})
-		newQuery(`{"table":"issue","related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"hidden":true,"subquery":{"table":"issue_label","alias":"labels","related":[{"correlation":{"parentField":["label_id"],"childField":["id"]},"subquery":{"table":"label","alias":"labels"},"system":"client"}]},"system":"client"}],"limit":30,"orderBy":[["id","asc"]]}`),
+		syncclient.NewQuery(`{"table":"issue","related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"hidden":true,"subquery":{"table":"issue_label","alias":"labels","related":[{"correlation":{"parentField":["label_id"],"childField":["id"]},"subquery":{"table":"label","alias":"labels"},"system":"client"}]},"system":"client"}],"limit":30,"orderBy":[["id","asc"]]}`),
 		// issuesWithLabel({labelID, limit: 40})
-		newQuery(`{"table":"issue","where":{"type":"correlatedSubquery","related":{"system":"client","correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"issue_label","alias":"zsubq_labels","where":{"type":"correlatedSubquery","related":{"system":"client","correlation":{"parentField":["label_id"],"childField":["id"]},"subquery":{"table":"label","alias":"zsubq_zhidden_labels","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"` + label + `"},"op":"="}}},"op":"EXISTS"}}},"op":"EXISTS"},"limit":40,"orderBy":[["modified","desc"]]}`),
+		syncclient.NewQuery(`{"table":"issue","where":{"type":"correlatedSubquery","related":{"system":"client","correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"issue_label","alias":"zsubq_labels","where":{"type":"correlatedSubquery","related":{"system":"client","correlation":{"parentField":["label_id"],"childField":["id"]},"subquery":{"table":"label","alias":"zsubq_zhidden_labels","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"` + label + `"},"op":"="}}},"op":"EXISTS"}}},"op":"EXISTS"},"limit":40,"orderBy":[["modified","desc"]]}`),
 		// closedOrOwnedBy({ownerID, limit: 60})
-		newQuery(`{"table":"issue","where":{"type":"or","conditions":[{"type":"simple","left":{"type":"column","name":"open"},"right":{"type":"literal","value":false},"op":"="},{"type":"simple","left":{"type":"column","name":"owner_id"},"right":{"type":"literal","value":"` + owner + `"},"op":"="}]},"limit":60,"orderBy":[["id","asc"]]}`),
+		syncclient.NewQuery(`{"table":"issue","where":{"type":"or","conditions":[{"type":"simple","left":{"type":"column","name":"open"},"right":{"type":"literal","value":false},"op":"="},{"type":"simple","left":{"type":"column","name":"owner_id"},"right":{"type":"literal","value":"` + owner + `"},"op":"="}]},"limit":60,"orderBy":[["id","asc"]]}`),
 	}
 }
 
 // named picks the queries of client whose shapes are named.
-func (q queries) named(client int, names []string) ([]query, error) {
+func (q queries) named(client int, names []string) ([]syncclient.Query, error) {
 	all := q.of(client)
-	var qs []query
+	var qs []syncclient.Query
 	for _, n := range names {
 		i := slices.Index(shapes, n)
 		if i < 0 {
@@ -108,18 +105,18 @@ func (q queries) named(client int, names []string) ([]query, error) {
 
 // connectGroup dials a new group whose initConnection (in the header, as
 // the real client sends it) desires qs with the client's default TTL.
-func connectGroup(base, group string, qs []query) (*wsClient, error) {
+func connectGroup(base, group string, qs []syncclient.Query) (*syncclient.Client, error) {
 	puts := make([]string, len(qs))
 	for i, q := range qs {
-		puts[i] = q.put(300000)
+		puts[i] = q.Put(300000)
 	}
-	return dial(base, group, "c", initConnection(puts...))
+	return syncclient.Dial(base, syncclient.Options{Group: group, Client: "c", Init: syncclient.InitConnection(puts...), ReadBufferSize: 64 << 10})
 }
 
-func hashes(qs []query) []string {
+func hashes(qs []syncclient.Query) []string {
 	hs := make([]string, len(qs))
 	for i, q := range qs {
-		hs[i] = q.hash
+		hs[i] = q.Hash
 	}
 	return hs
 }
@@ -130,10 +127,10 @@ func measureGroups(ctx context.Context, base string, q queries, n, run int) (tim
 	prefix := fmt.Sprintf("bench-groups-%d-%d", time.Now().UnixNano(), run)
 	var mu sync.Mutex
 	var last time.Time
-	var clients []*wsClient
+	var clients []*syncclient.Client
 	defer func() {
 		for _, c := range clients {
-			c.close()
+			c.Close()
 		}
 	}()
 	g, _ := errgroup.WithContext(ctx)
@@ -148,7 +145,7 @@ func measureGroups(ctx context.Context, base string, q queries, n, run int) (tim
 			mu.Lock()
 			clients = append(clients, c)
 			mu.Unlock()
-			end, _, err := c.waitGot(hashes(qs)...)
+			end, _, err := c.WaitGot(hashes(qs)...)
 			if err != nil {
 				return fmt.Errorf("client %d: %w", i, err)
 			}
@@ -188,8 +185,8 @@ func measureLatency(ctx context.Context, base, pgURL string, q queries, names []
 	if err != nil {
 		return nil, err
 	}
-	defer c.close()
-	if _, _, err := c.waitGot(hashes(qs)...); err != nil {
+	defer c.Close()
+	if _, _, err := c.WaitGot(hashes(qs)...); err != nil {
 		return nil, err
 	}
 	pg, err := pgx.Connect(ctx, pgURL)
@@ -205,15 +202,15 @@ func measureLatency(ctx context.Context, base, pgURL string, q queries, names []
 	go func() {
 		seen := 0
 		for seen < n {
-			p, err := c.nextPoke(marker)
+			p, err := c.NextPoke(marker)
 			if err != nil {
 				done <- err
 				return
 			}
-			for _, t := range p.markers {
+			for _, t := range p.Markers {
 				i, err := strconv.Atoi(strings.TrimPrefix(t, marker))
 				if err == nil && i >= 0 && i < n && arrived[i].IsZero() {
-					arrived[i] = p.end
+					arrived[i] = p.End
 					seen++
 				}
 			}
@@ -236,7 +233,7 @@ func measureLatency(ctx context.Context, base, pgURL string, q queries, names []
 			return nil, err
 		}
 	case <-time.After(time.Minute):
-		c.close()
+		c.Close()
 		return nil, fmt.Errorf("not every update reached the client within a minute of the last commit: %w", errTimeout)
 	}
 	ds := make([]time.Duration, n)

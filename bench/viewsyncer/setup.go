@@ -59,12 +59,7 @@ func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) 
 	}
 	j := &jetsync{log: benchenv.NewLogWatch(logFile), done: make(chan struct{})}
 	j.cmd = exec.Command(bin, "run")
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ZERO_") && !strings.HasPrefix(kv, "JETSYNC_") {
-			j.cmd.Env = append(j.cmd.Env, kv)
-		}
-	}
-	j.cmd.Env = append(j.cmd.Env,
+	j.cmd.Env = benchenv.ServerEnv(
 		"JETSYNC_DATA_DIR="+filepath.Join(root, "data"),
 		"ZERO_UPSTREAM_DB="+upstreamURL,
 		"ZERO_APP_ID="+appID,

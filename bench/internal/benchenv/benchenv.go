@@ -109,6 +109,7 @@ type LogWatch struct {
 	partial []byte
 	recs    []map[string]any
 	times   []time.Time
+	plain   []bool // the record is a line that was not JSON
 }
 
 // NewLogWatch returns a LogWatch copying to file.
@@ -125,10 +126,12 @@ func (l *LogWatch) Write(b []byte) (int, error) {
 			return len(b), nil
 		}
 		var rec map[string]any
-		if json.Unmarshal(l.partial[:i], &rec) != nil {
+		plain := json.Unmarshal(l.partial[:i], &rec) != nil
+		if plain {
 			rec = map[string]any{"msg": string(l.partial[:i])}
 		}
 		l.recs = append(l.recs, rec)
+		l.plain = append(l.plain, plain)
 		l.times = append(l.times, time.Now())
 		l.partial = l.partial[i+1:]
 	}
@@ -138,6 +141,23 @@ func (l *LogWatch) Write(b []byte) (int, error) {
 func (l *LogWatch) Find(msg string) map[string]any {
 	rec, _ := l.first("msg", msg)
 	return rec
+}
+
+// FindLine returns the first record whose msg is msg, or that is a line
+// (not JSON) holding msg, or nil: for children such as nats-server that
+// write plain lines.
+func (l *LogWatch) FindLine(msg string) map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, r := range l.recs {
+		if r["msg"] == msg {
+			return r
+		}
+		if line, ok := r["msg"].(string); ok && l.plain[i] && strings.Contains(line, msg) {
+			return r
+		}
+	}
+	return nil
 }
 
 // At returns when the first record whose msg is msg arrived.

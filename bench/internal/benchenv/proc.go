@@ -1,0 +1,139 @@
+package benchenv
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Proc is a child process in its own process group, its stderr kept by a
+// LogWatch that copies it to <dir>/<name>.log.
+type Proc struct {
+	Name string
+	Cmd  *exec.Cmd
+	Log  *LogWatch
+	// Stdin, when set, is closed first on Stop: some children stop when
+	// it closes.
+	Stdin io.Closer
+	// Base is the child's http://127.0.0.1:PORT, for whoever sets it.
+	Base string
+	done chan struct{}
+	err  error
+}
+
+// StartProc starts cmd; its log goes to dir, which it creates.
+func StartProc(name string, cmd *exec.Cmd, dir string) (*Proc, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	p := &Proc{Name: name, Cmd: cmd, Log: NewLogWatch(f), done: make(chan struct{})}
+	cmd.Stderr = p.Log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+		f.Close()
+	}()
+	return p, nil
+}
+
+// Done is closed once p has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Err is how p exited, once Done is closed.
+func (p *Proc) Err() error { return p.err }
+
+// Stop asks p to stop with SIGTERM, then after at most 20 s kills its group
+// (and so what is left of it: zero-cache forks workers).
+func (p *Proc) Stop() {
+	if p.Stdin != nil {
+		_ = p.Stdin.Close()
+	}
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+	}
+	_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// WaitLog waits for a log record whose msg is msg (or a plain line holding
+// it).
+func (p *Proc) WaitLog(ctx context.Context, msg string, limit time.Duration) (map[string]any, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		if rec := p.Log.FindLine(msg); rec != nil {
+			return rec, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("%s exited (%v) before logging %q:\n%s", p.Name, p.err, msg, p.Log.Tail())
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s did not log %q within %v:\n%s", p.Name, msg, limit, p.Log.Tail())
+		}
+	}
+}
+
+// Alive reports an error when p exited.
+func (p *Proc) Alive() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s exited during the benchmark (%v):\n%s", p.Name, p.err, p.Log.Tail())
+	default:
+		return nil
+	}
+}
+
+// FreePort returns a TCP port free on 127.0.0.1 a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ServerEnv is this process's environment without its ZERO_ and JETSYNC_
+// settings, then extra: a server configured by the benchmark alone.
+func ServerEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ZERO_") && !strings.HasPrefix(kv, "JETSYNC_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// WaitListening waits up to limit for jetsync's "http listening" record and
+// sets Base from its port.
+func (p *Proc) WaitListening(ctx context.Context, limit time.Duration) error {
+	rec, err := p.WaitLog(ctx, "http listening", limit)
+	if err != nil {
+		return err
+	}
+	port, _ := rec["port"].(float64)
+	p.Base = fmt.Sprintf("http://127.0.0.1:%d", int(port))
+	return nil
+}

@@ -424,11 +424,9 @@ var spinePKs = map[string][]string{"every": {"id"}, "pair": {"a", "b"}, "txlog":
 // checkReplicaEqualsPostgres compares every table row for row, with the
 // expected values computed by Postgres.
 func (s *spine) checkReplicaEqualsPostgres() {
-	t := s.t
-	t.Helper()
+	s.t.Helper()
 	db := s.openReplica()
 	defer db.Close()
-	ctx := context.Background()
 	queries := map[string]string{
 		"pair":  `SELECT a, b, v FROM pair`,
 		"txlog": `SELECT n, client, seq FROM txlog`,
@@ -439,47 +437,55 @@ func (s *spine) checkReplicaEqualsPostgres() {
 	}
 	queries["every"] = `SELECT ` + strings.Join(exprs, ", ") + ` FROM every`
 	for table, q := range queries {
-		rows, err := s.pg.Query(ctx, q)
+		s.compareTable(db, table, q, spinePKs[table], jsonCols)
+	}
+}
+
+// compareTable compares the rows query selects from Postgres with table's
+// rows in the replica db, keyed by pk. Columns in jsonCols hold JSON text.
+func (s *spine) compareTable(db *sql.DB, table, query string, pk []string, jsonCols map[string]bool) {
+	t := s.t
+	t.Helper()
+	rows, err := s.pg.Query(context.Background(), query)
+	if err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	want := map[string]map[string]any{}
+	for rows.Next() {
+		vals, err := rows.Values()
 		if err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		want := map[string]map[string]any{}
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				t.Fatal(err)
-			}
-			row := map[string]any{}
-			for i, f := range rows.FieldDescriptions() {
-				row[f.Name] = pgNorm(vals[i])
-			}
-			key := map[string]any{}
-			for _, k := range spinePKs[table] {
-				key[k] = row[k]
-			}
-			want[rowKey(key)] = row
-		}
-		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		got := replicaRows(t, db, table, spinePKs[table])
-		if len(got) != len(want) {
-			t.Errorf("%s: replica has %d rows; Postgres %d", table, len(got), len(want))
+		row := map[string]any{}
+		for i, f := range rows.FieldDescriptions() {
+			row[f.Name] = pgNorm(vals[i])
 		}
-		bad := 0
-		for k, w := range want {
-			g, ok := got[k]
-			if !ok {
-				if bad++; bad <= 5 {
-					t.Errorf("%s: row %s missing from the replica", table, k)
-				}
-				continue
+		key := map[string]any{}
+		for _, k := range pk {
+			key[k] = row[k]
+		}
+		want[rowKey(key)] = row
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	got := replicaRows(t, db, table, pk)
+	if len(got) != len(want) {
+		t.Errorf("%s: replica has %d rows; Postgres %d", table, len(got), len(want))
+	}
+	bad := 0
+	for k, w := range want {
+		g, ok := got[k]
+		if !ok {
+			if bad++; bad <= 5 {
+				t.Errorf("%s: row %s missing from the replica", table, k)
 			}
-			for col, wv := range w {
-				if !sameValue(jsonCols[col], g[col], wv) {
-					if bad++; bad <= 5 {
-						t.Errorf("%s %s.%s: replica %.200v; Postgres %.200v", table, k, col, g[col], wv)
-					}
+			continue
+		}
+		for col, wv := range w {
+			if !sameValue(jsonCols[col], g[col], wv) {
+				if bad++; bad <= 5 {
+					t.Errorf("%s %s.%s: replica %.200v; Postgres %.200v", table, k, col, g[col], wv)
 				}
 			}
 		}

@@ -67,22 +67,7 @@ func (tp *topology) checkR3() {
 // and its snapshot: replication resumes with no gap, no duplicate and no
 // new initial sync.
 func TestTopology_ProducerHandoff(t *testing.T) {
-	seed := crashSeed(t)
-	tp, pg, url := newTopologyRig(t, spineSchema+`
-		INSERT INTO every (id, t, j, ai) SELECT g, 'seed ' || g, '{"seed": true}', '{1,2}' FROM generate_series(1, 2000) g;
-		INSERT INTO pair SELECT 'seed-' || g, g % 5, 'v' FROM generate_series(1, 100) g;`)
-	tp.start("nats1", "nats2", "nats3", "change-streamer")
-	tp.checkR3()
-	c := &crashRig{
-		spine: &spine{t: t, pg: pg, url: url, js: tp.js, shard: tp.shard},
-		root:  tp.r.root,
-		r:     rand.New(rand.NewPCG(seed, 8)),
-	}
-	waitFor(t, 2*time.Minute, "the initial sync", func() bool {
-		u := c.upstreamRecord()
-		return u != nil && u.Complete
-	})
-	replicaVersion := c.upstreamRecord().ReplicaVersion
+	seed, tp, url, c, replicaVersion := startProducerRig(t, 8)
 	cw := startWriter(t, url, seed)
 	first := tp.procs["change-streamer"]
 	runFor(t, first, c.randDuration(time.Second, 2*time.Second))
@@ -369,4 +354,27 @@ func TestTopology_Failover(t *testing.T) {
 		checkNoReload(t, d, "a", mark)
 		t.Logf("%d writes during the rolling restart; group now owned by %s", w.n, leases.owner(t, group).ID)
 	})
+}
+
+// startProducerRig starts the cluster and one change-streamer over the
+// spine schema with seed rows, and waits for its initial sync. stream
+// picks the random stream of the test's seed.
+func startProducerRig(t *testing.T, stream uint64) (seed uint64, tp *topology, url string, c *crashRig, replicaVersion string) {
+	t.Helper()
+	seed = crashSeed(t)
+	tp, pg, url := newTopologyRig(t, spineSchema+`
+		INSERT INTO every (id, t, j, ai) SELECT g, 'seed ' || g, '{"seed": true}', '{1,2}' FROM generate_series(1, 2000) g;
+		INSERT INTO pair SELECT 'seed-' || g, g % 5, 'v' FROM generate_series(1, 100) g;`)
+	tp.start("nats1", "nats2", "nats3", "change-streamer")
+	tp.checkR3()
+	c = &crashRig{
+		spine: &spine{t: t, pg: pg, url: url, js: tp.js, shard: tp.shard},
+		root:  tp.r.root,
+		r:     rand.New(rand.NewPCG(seed, stream)),
+	}
+	waitFor(t, 2*time.Minute, "the initial sync", func() bool {
+		u := c.upstreamRecord()
+		return u != nil && u.Complete
+	})
+	return seed, tp, url, c, c.upstreamRecord().ReplicaVersion
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
-	"math/rand/v2"
 	"path/filepath"
 	"testing"
 	"time"
@@ -23,22 +22,7 @@ import (
 // stream and the snapshot without a new initial sync, every transaction
 // exactly once, and its replica equals Postgres.
 func TestTopology_ProducerRoleHandoff(t *testing.T) {
-	seed := crashSeed(t)
-	tp, pg, url := newTopologyRig(t, spineSchema+`
-		INSERT INTO every (id, t, j, ai) SELECT g, 'seed ' || g, '{"seed": true}', '{1,2}' FROM generate_series(1, 2000) g;
-		INSERT INTO pair SELECT 'seed-' || g, g % 5, 'v' FROM generate_series(1, 100) g;`)
-	tp.start("nats1", "nats2", "nats3", "change-streamer")
-	tp.checkR3()
-	c := &crashRig{
-		spine: &spine{t: t, pg: pg, url: url, js: tp.js, shard: tp.shard},
-		root:  tp.r.root,
-		r:     rand.New(rand.NewPCG(seed, 9)),
-	}
-	waitFor(t, 2*time.Minute, "the initial sync", func() bool {
-		u := c.upstreamRecord()
-		return u != nil && u.Complete
-	})
-	replicaVersion := c.upstreamRecord().ReplicaVersion
+	seed, tp, url, c, replicaVersion := startProducerRig(t, 9)
 	first := tp.procs["change-streamer"]
 	if h := tp.producer(); h == nil || h.TaskID != "change-streamer" {
 		t.Fatalf("producer role held by %+v; want the change-streamer", h)

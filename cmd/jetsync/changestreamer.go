@@ -75,13 +75,9 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	scfg := c.streamConfig(shard)
-	_, state, err := streams.Ensure(ctx, js, scfg)
-	if err != nil {
-		return err
-	}
 	// From here on ctx also ends when another change-streamer takes the
 	// producer role, which stops this one as a SIGTERM would.
-	ctx, fence, releaseRole, err := holdProducerRole(ctx, rl, state)
+	ctx, fence, releaseRole, err := holdProducerRole(ctx, rl, js, scfg)
 	if err != nil {
 		return err
 	}
@@ -109,7 +105,8 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	)
 }
 
-// holdProducerRole takes the shard's producer role (producers/role) from
+// holdProducerRole ensures the shard's stream and state bucket, then takes
+// the shard's producer role (producers/role) from
 // whoever holds it, before the backup replica's restore, and keeps it in the
 // background. The context it returns ends when another change-streamer takes
 // the role over; the process then shuts down in order and exits 0, having
@@ -117,7 +114,11 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 // for the publisher to check. release, deferred with the command's error, stops
 // the lease, gives the role up if still held, and turns the shutdown that a
 // lost role caused into a clean exit.
-func holdProducerRole(ctx context.Context, rl role, state jetstream.KeyValue) (context.Context, func() error, func(*error), error) {
+func holdProducerRole(ctx context.Context, rl role, js jetstream.JetStream, scfg streams.Config) (context.Context, func() error, func(*error), error) {
+	_, state, err := streams.Ensure(ctx, js, scfg)
+	if err != nil {
+		return ctx, nil, nil, err
+	}
 	lease, err := producerrole.Acquire(ctx, state, producerrole.Config{TaskID: rl.id, Logger: rl.log})
 	if err != nil {
 		return ctx, nil, nil, err

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natsconfig "github.com/jetsync/jetsync/nats-config"
-	"github.com/jetsync/jetsync/streams"
 )
 
 const runSummary = `Run everything in one process: an embedded NATS server (JetStream files under
@@ -94,13 +93,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	scfg := c.streamConfig(shard)
-	_, state, err := streams.Ensure(ctx, js, scfg)
-	if err != nil {
-		return err
-	}
 	// A change-streamer attached to the embedded server can take the
 	// producer role over; this process then stops.
-	ctx, fence, releaseRole, err := holdProducerRole(ctx, rl, state)
+	ctx, fence, releaseRole, err := holdProducerRole(ctx, rl, js, scfg)
 	if err != nil {
 		return err
 	}

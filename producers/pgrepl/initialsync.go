@@ -21,7 +21,7 @@ import (
 
 // reset replaces the slot and publishes a new initial sync: one stream
 // transaction at watermark replicaVersion = Lexi(the new slot's consistent
-// point). It returns where streaming continues.
+// point - 1). It returns where streaming continues.
 func (s *Source) reset(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgConn, stream jetstream.Stream,
 	kv jetstream.KeyValue, pub *publisher, up upstream, rec *streams.Upstream, tl tail, reason string,
 ) (position, error) {
@@ -42,7 +42,11 @@ func (s *Source) reset(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgC
 	if err != nil {
 		return pos, fmt.Errorf("slot %s: consistent point: %w", slot, err)
 	}
-	rv := streams.Lexi(uint64(lsn))
+	// A transaction in flight when the slot became consistent is in neither
+	// the snapshot nor the history before it, and its commit record may
+	// start exactly at the consistent point: the replica version sits one
+	// below, so that such a transaction orders after the initial sync.
+	rv := streams.Lexi(uint64(lsn) - 1)
 	log := s.log.With("slot", slot, "replicaVersion", rv)
 	log.Info("initial sync started")
 	started := time.Now()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -944,5 +945,125 @@ func TestSource_Reconnect(t *testing.T) {
 	}
 	if len(ids) != 300 {
 		t.Errorf("%d inserts; want 300", len(ids))
+	}
+}
+
+// TestSource_InitialSyncUnderOpenTransactions starts the initial sync while
+// a writer keeps a transaction open across each of Postgres's running-xacts
+// records. Slot creation then becomes consistent with a transaction in
+// flight, whose commit record can start exactly at the consistent point:
+// that transaction is in neither the exported snapshot nor the history
+// before the replica version, so the stream must carry it. Where the
+// consistent point falls is up to Postgres's timing, so the test tries
+// several times: about one initial sync in six hit the case before it was
+// handled.
+func TestSource_InitialSyncUnderOpenTransactions(t *testing.T) {
+	for i := range 16 {
+		if !t.Run(strconv.Itoa(i), initialSyncUnderOpenTransactions) {
+			break
+		}
+	}
+}
+
+func initialSyncUnderOpenTransactions(t *testing.T) {
+	e := newEnv(t, `CREATE TABLE a (id int PRIMARY KEY)`)
+	// Writers stop between transactions rather than by a cancel, which
+	// could leave a commit landing after Postgres is read for comparison.
+	ctx := context.Background()
+	var stopped atomic.Bool
+	defer stopped.Store(true)
+	var next atomic.Int64
+	const writers = 8
+	done := make(chan error, writers)
+	for range writers {
+		go func() {
+			conn, err := pgx.Connect(ctx, e.url)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer conn.Close(context.Background())
+			for !stopped.Load() {
+				id := next.Add(1)
+				// The insert's WAL record is written at once and the
+				// commit's only after the sleep: with several writers, a
+				// running-xacts record mostly finds transactions open, and
+				// the next record after it is often a commit.
+				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO a VALUES ($1)`, id); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `SELECT pg_sleep(0.005)`)
+					return err
+				})
+				if err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	waitFor(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 5 })
+	e.run(t)
+	u := e.waitSynced(t, "")
+	from := next.Load()
+	waitFor(t, 30*time.Second, "writes after the initial sync", func() bool { return next.Load() > from+20 })
+	stopped.Store(true)
+	for range writers {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want []int
+	rows, err := e.conn.Query(context.Background(), `SELECT id FROM a ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	var got []int
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rv, txs := transactions(t, e.messages(t))
+		if rv != u.ReplicaVersion {
+			t.Fatalf("stream's last reset is %s; want %s", rv, u.ReplicaVersion)
+		}
+		got = got[:0]
+		for _, tx := range txs {
+			for _, c := range tx.changes {
+				switch {
+				case c.table == "a" && c.Op == streams.OpBackfill:
+					for _, row := range c.Rows {
+						var id int
+						json.Unmarshal(row[slices.Index(c.Columns, "id")], &id)
+						got = append(got, id)
+					}
+				case c.table == "a" && c.Op == streams.OpInsert:
+					var id int
+					json.Unmarshal(c.New["id"], &id)
+					got = append(got, id)
+				}
+			}
+		}
+		slices.Sort(got)
+		if len(got) >= len(want) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !slices.Equal(got, want) {
+		var missing []int
+		for _, id := range want {
+			if _, found := slices.BinarySearch(got, id); !found {
+				missing = append(missing, id)
+			}
+		}
+		t.Fatalf("the stream holds %d rows of a, Postgres %d; missing %v", len(got), len(want), missing)
 	}
 }

@@ -96,6 +96,15 @@ func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) 
 		return nil, err
 	}
 	j.readyIn = time.Since(t0)
+	// The first backup snapshot follows the initial sync at once, and
+	// takes a few seconds of both cores: measures start after it, in the
+	// steady state, as zero-cache's were taken without litestream running.
+	if !strings.Contains(extraEnv, "JETSYNC_BACKUP=off") {
+		if _, err := j.waitLog(ctx, "a restorable snapshot exists", 5*time.Minute); err != nil {
+			j.stop()
+			return nil, err
+		}
+	}
 	for deadline := time.Now().Add(time.Minute); ; {
 		resp, err := http.Get(j.base + "/")
 		if err == nil {

@@ -33,7 +33,7 @@ func sampleMessage() *Message {
 		}},
 		{Watermark: "0b", Num: 0, Last: true, Changes: []Change{
 			{Op: OpBackfill, Columns: []string{"id", "n"}, Rows: [][]json.RawMessage{{json.RawMessage(`"x"`), json.RawMessage(`1`)}, {json.RawMessage(`"y"`), json.RawMessage(`null`)}}},
-			{Op: OpCreateTable, Spec: &TableSpec{Schema: "public", Name: "issue", Columns: []ColumnSpec{{Name: "id", Pos: 1, DataType: "text", Kind: KindString, NotNull: true}}, PrimaryKey: []string{"id"}}},
+			{Op: OpCreateTable, Spec: &TableSpec{OID: 16385, Schema: "public", Name: "issue", Columns: []ColumnSpec{{Name: "id", Pos: 1, DataType: "text", Kind: KindString, NotNull: true}}, PrimaryKey: []string{"id"}}},
 			{Op: OpCreateIndex, Index: &IndexSpec{Schema: "public", TableName: "issue", Name: "issue_pkey", Unique: true, Columns: []string{"id"}}},
 		}},
 		{Watermark: "0c", Num: 0, Last: true, Changes: ddlChanges()},
@@ -86,6 +86,27 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(std, m) {
 		t.Errorf("encoding/json reads %+v; want %+v", std, m)
+	}
+}
+
+// TestCodecSpecWithoutOID reads a create-table written before TableSpec had
+// an OID.
+func TestCodecSpecWithoutOID(t *testing.T) {
+	m, err := Decode([]byte(`{"schema":"public","table":"issue","parts":[{"wm":"0a","part":1,"changes":[` +
+		`{"op":"create-table","spec":{"schema":"public","name":"issue","columns":[{"name":"id","pos":1,"dataType":"text","kind":"string"}],"primaryKey":["id"]}}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := m.Parts[0].Changes[0].Spec
+	if spec == nil || spec.OID != 0 || spec.Name != "issue" || len(spec.Columns) != 1 {
+		t.Errorf("spec = %+v; want issue with OID 0", spec)
+	}
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), `"oid"`) {
+		t.Errorf("Encode wrote an unknown OID: %s", b)
 	}
 }
 

@@ -166,6 +166,10 @@ type Reset struct {
 
 // TableSpec describes a published table.
 type TableSpec struct {
+	// OID is the table's upstream pg_class OID: a table dropped and created
+	// again under the same name has a new one. 0 when unknown (messages
+	// written before the field existed).
+	OID        uint32       `json:"oid,omitempty"`
 	Schema     string       `json:"schema"`
 	Name       string       `json:"name"`
 	Columns    []ColumnSpec `json:"columns"`

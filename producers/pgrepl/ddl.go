@@ -133,7 +133,7 @@ func (d *decoder) snapshot(ctx context.Context, s *pubSchema) (*ddlSnapshot, err
 	byName := map[[2]string]*ddlTable{}
 	for i := range s.Tables {
 		pt := &s.Tables[i]
-		t := &ddlTable{pub: pt, attrs: pt.Columns, t: &publishedTable{oid: uint32(pt.OID), spec: streams.TableSpec{Schema: pt.Schema, Name: pt.Name}}}
+		t := &ddlTable{pub: pt, attrs: pt.Columns, t: &publishedTable{oid: uint32(pt.OID), spec: streams.TableSpec{OID: uint32(pt.OID), Schema: pt.Schema, Name: pt.Name}}}
 		names := make([]string, 0, len(pt.Columns))
 		for n := range pt.Columns {
 			names = append(names, n)

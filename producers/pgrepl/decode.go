@@ -236,7 +236,7 @@ func (d *decoder) relation(ctx context.Context, m *pglogrepl.RelationMessage) er
 		for i := range r.cols {
 			types[i] = r.cols[i].typ
 		}
-		if err := d.initial.checkRelation(ctx, m, types); err != nil {
+		if err := d.initial.checkRelation(ctx, d.conn, d.reg, m, types); err != nil {
 			return err
 		}
 	}

@@ -157,6 +157,126 @@ func TestDegraded_Source(t *testing.T) {
 	})
 }
 
+// TestDegraded_SchemaChanges checks what degraded mode catches beyond a
+// changed Relation message, as zero-cache does: a table dropped and created
+// again (a new OID), and, by reading the published schema again at each
+// Relation message, a table dropped outright and a nullability change.
+func TestDegraded_SchemaChanges(t *testing.T) {
+	outer := t
+	e := newEnv(t, `CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE gone (id int PRIMARY KEY);
+		CREATE TABLE other (id int PRIMARY KEY); CREATE TABLE strict (id int PRIMARY KEY, v text);
+		INSERT INTO t SELECT g, 'old' FROM generate_series(1, 5) g;
+		CREATE PUBLICATION _zero_public_0 FOR TABLES IN SCHEMA public`)
+	e.url = pgtest.NewRole(t, e.url)
+	cfg, err := pgx.ParseConfig(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := pgx.Identifier{cfg.User}.Sanitize()
+	stop := e.run(t)
+	rv := e.waitSynced(t, "").ReplicaVersion
+
+	// resynced waits for the initial sync after rv and returns its
+	// transactions, checking that its reason has every one of want.
+	resynced := func(t *testing.T, want ...string) []txn {
+		t.Helper()
+		u := e.waitSynced(t, rv)
+		rv = u.ReplicaVersion
+		got, txs := transactions(t, e.messages(t))
+		if got != rv {
+			t.Fatalf("stream's last reset is %s; want %s", got, rv)
+		}
+		r := txs[0].changes[0].Reset
+		if r == nil {
+			t.Fatalf("first change after the reset = %+v; want a reset", txs[0].changes[0])
+		}
+		for _, w := range want {
+			if !strings.Contains(r.Reason, w) {
+				t.Errorf("reset reason %q does not say %q", r.Reason, w)
+			}
+		}
+		return txs
+	}
+
+	t.Run("Recreated", func(t *testing.T) {
+		e.exec(t, `DROP TABLE t; CREATE TABLE t (id int PRIMARY KEY, v text); ALTER TABLE t OWNER TO `+role)
+		e.exec(t, `INSERT INTO t VALUES (100, 'new'), (101, 'new')`)
+		txs := resynced(t, "public.t", "dropped and created again")
+		var oid uint32
+		if err := e.conn.QueryRow(context.Background(), `SELECT 't'::regclass::oid`).Scan(&oid); err != nil {
+			t.Fatal(err)
+		}
+		if spec := createTable(txs, "t"); spec == nil || spec.OID != oid {
+			t.Errorf("create-table t after the reset = %+v; want oid %d", spec, oid)
+		}
+		// The stream after the reset holds exactly the new table's rows.
+		if ids := rowIDs(txs, "t"); !slices.Equal(ids, []int{100, 101}) {
+			t.Errorf("rows of t after the reset = %v; want [100 101]", ids)
+		}
+	})
+
+	t.Run("DroppedTable", func(t *testing.T) {
+		// other's Relation message, its first in the session, is as
+		// before: only reading the published schema again shows gone gone.
+		e.exec(t, `DROP TABLE gone`)
+		e.exec(t, `INSERT INTO other VALUES (1)`)
+		txs := resynced(t, "public.gone", "dropped, or no longer published")
+		if spec := createTable(txs, "gone"); spec != nil {
+			t.Errorf("the initial sync after the reset copied gone: %+v", spec)
+		}
+	})
+
+	t.Run("SetNotNull", func(t *testing.T) {
+		e.exec(t, `ALTER TABLE strict ALTER COLUMN v SET NOT NULL`)
+		e.exec(t, `INSERT INTO strict VALUES (1, 'x')`)
+		txs := resynced(t, "public.strict", "column v is now NOT NULL")
+		if spec := createTable(txs, "strict"); spec == nil || !spec.Columns[1].NotNull {
+			t.Errorf("create-table strict after the reset = %+v; want v NOT NULL", spec)
+		}
+	})
+
+	t.Run("UnchangedResumes", func(t *testing.T) {
+		// Every table's Relation message, in this session and the next,
+		// matches the new initial sync.
+		e.exec(t, `INSERT INTO t VALUES (102, 'x'); INSERT INTO other VALUES (2); INSERT INTO strict VALUES (2, 'y')`)
+		stop()
+		stop = e.run(outer)
+		e.exec(t, `INSERT INTO t VALUES (103, 'x'); INSERT INTO other VALUES (3); INSERT INTO strict VALUES (3, 'y')`)
+		waitFor(t, 30*time.Second, "the inserts after the restart", func() bool {
+			_, txs := transactions(t, e.messages(t))
+			return slices.Contains(inserted(txs, "strict"), 3)
+		})
+		_, txs := transactions(t, e.messages(t))
+		if ids := rowIDs(txs, "t"); !slices.Equal(ids, []int{100, 101, 102, 103}) {
+			t.Errorf("rows of t = %v; want [100 101 102 103]", ids)
+		}
+		if u := e.upstream(t); u.ReplicaVersion != rv {
+			t.Errorf("an unchanged schema reset the stream: %s -> %s", rv, u.ReplicaVersion)
+		}
+	})
+}
+
+// rowIDs returns the sorted ids of table's rows that txs backfill or
+// insert.
+func rowIDs(txs []txn, table string) []int {
+	ids := inserted(txs, table)
+	for _, tx := range txs {
+		for _, c := range tx.changes {
+			if c.table != table || c.Op != streams.OpBackfill {
+				continue
+			}
+			col := slices.Index(c.Columns, "id")
+			for _, row := range c.Rows {
+				var id int
+				json.Unmarshal(row[col], &id)
+				ids = append(ids, id)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
 func createTable(txs []txn, table string) *streams.TableSpec {
 	for _, tx := range txs {
 		for _, c := range tx.changes {

@@ -53,7 +53,7 @@ func readSchema(ctx context.Context, conn *pgx.Conn, reg *pgvalue.Registry, pubs
 		}
 		pt, ok := byOID[oid]
 		if !ok {
-			pt = &pubTable{t: &publishedTable{oid: oid, spec: streams.TableSpec{Schema: schema, Name: name}}, cols: map[string]bool{}}
+			pt = &pubTable{t: &publishedTable{oid: oid, spec: streams.TableSpec{OID: oid, Schema: schema, Name: name}}, cols: map[string]bool{}}
 			byOID[oid] = pt
 			order = append(order, oid)
 		}

@@ -239,7 +239,7 @@ func (s *Source) session(ctx context.Context, rs *runState) error {
 		if rec == nil || rec.ReplicaVersion != pos.replicaVersion {
 			return fmt.Errorf("upstream record does not describe replica version %s", pos.replicaVersion)
 		}
-		pos.initial = newInitialSchema(stream, s.cfg.Shard, rec.ResetSeq, pos.replicaVersion)
+		pos.initial = newInitialSchema(stream, s.cfg.Shard, rec.ResetSeq, pos.replicaVersion, up.publications)
 	}
 	s.m.lastSeq.Set(float64(pub.lastSeq))
 	return s.stream(ctx, conn, replConn, up, pos, pub, rs)

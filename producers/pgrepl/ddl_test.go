@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jetsync/jetsync/streams"
 )
@@ -174,5 +177,95 @@ func TestSource_DDLResync(t *testing.T) {
 			}
 			t.Logf("reset reason: %s", reason)
 		})
+	}
+}
+
+// TestSource_DDLCopyOutlastsSenderTimeout holds a schema change's row copy
+// (which runs in the replication reader, so no keepalive is answered
+// meanwhile) for three times the walsender's wal_sender_timeout: the
+// publisher's status updates must keep the session alive.
+func TestSource_DDLCopyOutlastsSenderTimeout(t *testing.T) {
+	e := newEnv(t, `
+		CREATE TABLE marker (n serial PRIMARY KEY);
+		CREATE TABLE a (id int PRIMARY KEY, v text);
+		INSERT INTO a VALUES (1, 'x'), (2, 'y');
+	`)
+	sep := "?"
+	if strings.Contains(e.url, "?") {
+		sep = "&"
+	}
+	e.url += sep + "options=-c%20wal_sender_timeout%3D1s"
+	e.run(t)
+	u := e.waitSynced(t, "")
+	_, txs := transactions(t, e.messages(t))
+	n := len(txs)
+	ctx := context.Background()
+	walsender := func() int {
+		var pid int
+		if err := e.conn.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, u.Slot).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	var pid int
+	waitFor(t, 30*time.Second, "the walsender", func() bool { pid = walsender(); return pid != 0 })
+	var timeout string
+	if err := e.conn.QueryRow(ctx, `SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&timeout); err != nil {
+		t.Fatal(err)
+	}
+
+	// The schema change waits uncommitted while a locker queues for the
+	// table: at the commit the locker is granted the table before the
+	// copy can ask for it, and holds it for 3 s.
+	ddl, err := pgx.Connect(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ddl.Close(ctx)
+	tx, err := ddl.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `ALTER TABLE a ADD COLUMN ts timestamptz NOT NULL DEFAULT now()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO marker DEFAULT VALUES`); err != nil {
+		t.Fatal(err)
+	}
+	locker, err := pgx.Connect(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	locked := make(chan error, 1)
+	go func() {
+		locked <- pgx.BeginFunc(ctx, locker, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `LOCK TABLE a IN ACCESS EXCLUSIVE MODE`); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(3)`)
+			return err
+		})
+	}()
+	waitFor(t, 30*time.Second, "the locker to queue", func() bool {
+		var waiting bool
+		err := e.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'a'::regclass AND NOT granted)`).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-locked; err != nil {
+		t.Fatal(err)
+	}
+	txs = e.waitTxs(t, n+1)
+	if lines := ddlLines(txs[n]); !slices.Contains(lines, "a backfill [id v ts] rows=2") {
+		t.Errorf("the schema change's transaction = %q; want a backfill of a's 2 rows", lines)
+	}
+	if got := walsender(); got != pid {
+		t.Errorf("walsender pid %d after the copy, %d before: the session was cut (wal_sender_timeout %s ms)", got, pid, timeout)
 	}
 }

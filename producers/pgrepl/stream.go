@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +25,11 @@ var errReaderDone = errors.New("replication reader stopped")
 func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgConn, up upstream,
 	pos position, pub *publisher, rs *runState,
 ) error {
-	err := pglogrepl.StartReplication(ctx, replConn, pos.slot, pos.startLSN, pglogrepl.StartReplicationOptions{
+	every, err := statusEvery(ctx, replConn)
+	if err != nil {
+		return err
+	}
+	err = pglogrepl.StartReplication(ctx, replConn, pos.slot, pos.startLSN, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
 			"proto_version '1'",
@@ -50,7 +56,7 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 		defer close(events)
 		return s.read(rctx, replConn, dec, events, st)
 	})
-	err = s.publishLoop(rctx, events, pub, st, pos, rs)
+	err = s.publishLoop(rctx, events, pub, st, pos, rs, every)
 	cancel()
 	// A reader that fails cancels rctx, and the publisher may see that
 	// before the closed queue: the reader's error is the one that counts.
@@ -59,6 +65,58 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 		err = rerr
 	}
 	return err
+}
+
+// statusEvery is how often the publisher sends a standby status update
+// unprompted. The reader answers the server's keepalives, but not while it
+// copies a table after a schema change, which may outlast the walsender's
+// wal_sender_timeout: the publisher's updates keep the session alive
+// meanwhile, so they come well inside that timeout.
+func statusEvery(ctx context.Context, replConn *pgconn.PgConn) (time.Duration, error) {
+	res, err := replConn.Exec(ctx, "SHOW wal_sender_timeout").ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("show wal_sender_timeout: %w", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return 0, errors.New("show wal_sender_timeout: unexpected result")
+	}
+	timeout, err := parsePgDuration(string(res[0].Rows[0][0]))
+	if err != nil {
+		return 0, fmt.Errorf("show wal_sender_timeout: %w", err)
+	}
+	return statusIntervalFor(timeout), nil
+}
+
+// statusIntervalFor is the unprompted status interval under a
+// wal_sender_timeout (0: none).
+func statusIntervalFor(timeout time.Duration) time.Duration {
+	if timeout <= 0 {
+		return statusInterval
+	}
+	return max(min(statusInterval, timeout/3), 100*time.Millisecond)
+}
+
+// parsePgDuration parses a time setting as SHOW prints it: an integer with
+// an optional unit ("60s", "500ms", "1min"); a bare number is in ms.
+func parsePgDuration(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	i := 0
+	for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+		i++
+	}
+	n, err := strconv.ParseInt(v[:i], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("duration %q: %w", v, err)
+	}
+	unit := map[string]time.Duration{
+		"": time.Millisecond, "us": time.Microsecond, "ms": time.Millisecond, "s": time.Second,
+		"min": time.Minute, "h": time.Hour, "d": 24 * time.Hour,
+	}
+	u, ok := unit[strings.TrimSpace(v[i:])]
+	if !ok {
+		return 0, fmt.Errorf("duration %q: unknown unit", v)
+	}
+	return time.Duration(n) * u, nil
 }
 
 // read receives the replication stream until an error.
@@ -120,9 +178,9 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 }
 
 // publishLoop packs, publishes and confirms.
-func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publisher, st *status, pos position, rs *runState) error {
+func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publisher, st *status, pos position, rs *runState, every time.Duration) error {
 	pk := &packer{shard: s.cfg.Shard, prev: pos.prev}
-	ticker := time.NewTicker(statusInterval)
+	ticker := time.NewTicker(every)
 	defer ticker.Stop()
 	var inTx, skip, resumed bool
 	for {

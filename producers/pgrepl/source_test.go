@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -1065,5 +1069,133 @@ func initialSyncUnderOpenTransactions(t *testing.T) {
 			}
 		}
 		t.Fatalf("the stream holds %d rows of a, Postgres %d; missing %v", len(got), len(want), missing)
+	}
+}
+
+// TestSource_DeadUpstream cuts the producer off from Postgres without
+// closing its connections, as a network partition does: the reader must
+// take the silence for a dead peer within twice wal_sender_timeout and
+// start a new session, rather than wait for TCP to notice.
+func TestSource_DeadUpstream(t *testing.T) {
+	e := newEnv(t, `CREATE TABLE a (id int PRIMARY KEY)`)
+	u, err := url.Parse(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newFreezer(t, u.Host)
+	u.Host = p.addr
+	q := u.Query()
+	q.Set("options", "-c wal_sender_timeout=1s")
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	direct := e.url
+	e.url = u.String()
+	e.run(t)
+	e.url = direct
+	up := e.waitSynced(t, "")
+	e.exec(t, `INSERT INTO a VALUES (1)`)
+	e.waitTxs(t, 2)
+
+	// A healthy session stays up through silences longer than the limit:
+	// the pings draw answers from an idle server.
+	walsender := func() (pid int) {
+		err := e.conn.QueryRow(context.Background(),
+			`SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, up.Slot).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	pid := walsender()
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if got := walsender(); got != pid {
+			t.Fatalf("the idle session restarted: walsender %d, then %d", pid, got)
+		}
+	}
+
+	p.freeze()
+	e.exec(t, `INSERT INTO a VALUES (2)`)
+	txs := e.waitTxs(t, 3)
+	if ids := inserted(txs, "a"); !slices.Equal(ids, []int{1, 2}) {
+		t.Errorf("inserts = %v; want [1 2]", ids)
+	}
+}
+
+// freezer is a TCP proxy whose freeze stops every connection open at the
+// time, in both directions, without closing it; later ones pass.
+type freezer struct {
+	addr   string
+	mu     sync.Mutex
+	gen    int // of connections accepted now
+	frozen int // connections of generations below it are frozen
+}
+
+func newFreezer(t *testing.T, target string) *freezer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &freezer{addr: ln.Addr().String()}
+	done := make(chan struct{})
+	var conns []net.Conn
+	t.Cleanup(func() {
+		close(done)
+		ln.Close()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			f.mu.Lock()
+			gen := f.gen
+			conns = append(conns, c, up)
+			f.mu.Unlock()
+			go f.pipe(c, up, gen, done)
+			go f.pipe(up, c, gen, done)
+		}
+	}()
+	return f
+}
+
+func (f *freezer) freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen++
+	f.frozen = f.gen
+}
+
+func (f *freezer) pipe(from, to net.Conn, gen int, done <-chan struct{}) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		f.mu.Lock()
+		frozen := gen < f.frozen
+		f.mu.Unlock()
+		if frozen {
+			// Swallow everything and answer nothing, until the test ends.
+			<-done
+			return
+		}
+		if n > 0 {
+			if _, werr := to.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			to.Close()
+			return
+		}
 	}
 }

@@ -25,7 +25,7 @@ var errReaderDone = errors.New("replication reader stopped")
 func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgConn, up upstream,
 	pos position, pub *publisher, rs *runState,
 ) error {
-	every, err := statusEvery(ctx, replConn)
+	senderTimeout, err := walSenderTimeout(ctx, replConn)
 	if err != nil {
 		return err
 	}
@@ -45,6 +45,7 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	rs.streamed = true
 
 	st := &status{conn: replConn}
+	idle := inboundLimit(senderTimeout)
 	events := make(chan event, queueLen)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -54,9 +55,9 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	dec.initial = pos.initial
 	g.Go(func() error {
 		defer close(events)
-		return s.read(rctx, replConn, dec, events, st)
+		return s.read(rctx, replConn, dec, events, st, idle)
 	})
-	err = s.publishLoop(rctx, events, pub, st, pos, rs, every)
+	err = s.publishLoop(rctx, events, pub, st, pos, rs, statusIntervalFor(senderTimeout))
 	cancel()
 	// A reader that fails cancels rctx, and the publisher may see that
 	// before the closed queue: the reader's error is the one that counts.
@@ -67,12 +68,16 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	return err
 }
 
-// statusEvery is how often the publisher sends a standby status update
-// unprompted. The reader answers the server's keepalives, but not while it
-// copies a table after a schema change, which may outlast the walsender's
-// wal_sender_timeout: the publisher's updates keep the session alive
-// meanwhile, so they come well inside that timeout.
-func statusEvery(ctx context.Context, replConn *pgconn.PgConn) (time.Duration, error) {
+// walSenderTimeout reads the session's wal_sender_timeout (0: none).
+//
+// The reader answers the server's keepalives, but not while it copies a
+// table after a schema change, which may outlast that timeout: the
+// publisher's unprompted status updates keep the session alive meanwhile,
+// so they come well inside it (statusIntervalFor). They also ask for a
+// reply, so that even an idle upstream sends something that often, and
+// the reader takes a silence of twice the timeout for a dead peer
+// (inboundLimit), as zero-cache does.
+func walSenderTimeout(ctx context.Context, replConn *pgconn.PgConn) (time.Duration, error) {
 	res, err := replConn.Exec(ctx, "SHOW wal_sender_timeout").ReadAll()
 	if err != nil {
 		return 0, fmt.Errorf("show wal_sender_timeout: %w", err)
@@ -84,7 +89,17 @@ func statusEvery(ctx context.Context, replConn *pgconn.PgConn) (time.Duration, e
 	if err != nil {
 		return 0, fmt.Errorf("show wal_sender_timeout: %w", err)
 	}
-	return statusIntervalFor(timeout), nil
+	return timeout, nil
+}
+
+// inboundLimit is how long the reader waits for a message before it takes
+// the upstream for dead; 0 waits forever (the server sends nothing unasked
+// without a timeout).
+func inboundLimit(timeout time.Duration) time.Duration {
+	if timeout <= 0 {
+		return 0
+	}
+	return max(2*timeout, time.Second)
 }
 
 // statusIntervalFor is the unprompted status interval under a
@@ -120,7 +135,7 @@ func parsePgDuration(v string) (time.Duration, error) {
 }
 
 // read receives the replication stream until an error.
-func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, events chan<- event, st *status) error {
+func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, events chan<- event, st *status, idle time.Duration) error {
 	emit := func(ev event) error {
 		select {
 		case events <- ev:
@@ -130,9 +145,9 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 		}
 	}
 	for {
-		msg, err := conn.ReceiveMessage(ctx)
+		msg, err := receive(ctx, conn, idle)
 		if err != nil {
-			return fmt.Errorf("receive replication: %w", err)
+			return err
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
@@ -175,6 +190,25 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 			return errors.New("upstream ended replication")
 		}
 	}
+}
+
+// receive waits for the next replication message, at most idle when it is
+// positive.
+func receive(ctx context.Context, conn *pgconn.PgConn, idle time.Duration) (pgproto3.BackendMessage, error) {
+	rctx := ctx
+	if idle > 0 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, idle)
+		defer cancel()
+	}
+	msg, err := conn.ReceiveMessage(rctx)
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+			return nil, fmt.Errorf("receive replication: nothing from upstream in %v (twice wal_sender_timeout): presumed dead", idle)
+		}
+		return nil, fmt.Errorf("receive replication: %w", err)
+	}
+	return msg, nil
 }
 
 // publishLoop packs, publishes and confirms.
@@ -259,7 +293,9 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 		case err := <-errc:
 			return pub.failed(err)
 		case <-ticker.C:
-			if err := st.set(pub.confirmed, s.m); err != nil {
+			st.pos.Store(uint64(pub.confirmed))
+			s.m.confirmed.Set(float64(pub.confirmed))
+			if err := st.ping(); err != nil {
 				return err
 			}
 		case m := <-rs.resync:
@@ -286,12 +322,17 @@ func (st *status) set(lsn pglogrepl.LSN, m *metrics) error {
 	return st.send()
 }
 
-func (st *status) send() error {
+func (st *status) send() error { return st.sendUpdate(false) }
+
+// ping sends the confirmed LSN and asks the server to answer at once.
+func (st *status) ping() error { return st.sendUpdate(true) }
+
+func (st *status) sendUpdate(replyRequested bool) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	lsn := pglogrepl.LSN(st.pos.Load())
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn,
+		WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ReplyRequested: replyRequested,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)

@@ -64,6 +64,12 @@ const MetaProtect = "jetsync.protect"
 // never purged past its ack floor.
 const MetaReplica = "jetsync.replica"
 
+// MetaSnapshotRows is the snapshot object metadata key holding the rows the
+// replica's tables held when the snapshot was taken, so that a restore can
+// report its progress in rows; absent from snapshots taken before it was
+// recorded.
+const MetaSnapshotRows = "rows"
+
 // DefaultReservationTTL is how long a reservation or purge lock lives
 // without a heartbeat.
 const DefaultReservationTTL = 90 * time.Second

@@ -314,15 +314,10 @@ func (r *Restorer) checkLocal(ctx context.Context, up streams.Upstream, info *je
 	return replica.State{}, false
 }
 
-// MetaRows is the snapshot object metadata key holding the rows the
-// snapshot's tables held when it was taken, so that a restore can report
-// its progress in rows. The producer sets it (producers/backup).
-const MetaRows = "rows"
-
 // snapshotRows is the row count in a snapshot's metadata, or 0 when it has
 // none (a snapshot taken before it was recorded).
 func snapshotRows(info *jetstream.ObjectInfo) int64 {
-	n, _ := strconv.ParseInt(info.Metadata[MetaRows], 10, 64)
+	n, _ := strconv.ParseInt(info.Metadata[streams.MetaSnapshotRows], 10, 64)
 	return max(n, 0)
 }
 

@@ -145,11 +145,6 @@ func (p *Producer) copyReplica(ctx context.Context) (string, replica.State, erro
 	return tmp, st, nil
 }
 
-// metaRows is the snapshot object metadata key holding the rows of the
-// replica's tables, with which a restore reports its progress in rows
-// (consumers/restore reads it as MetaRows).
-const metaRows = "rows"
-
 // countRows counts the rows of the replicated tables in a snapshot copy.
 func countRows(ctx context.Context, db *sql.DB) (int64, error) {
 	rows, err := db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'
@@ -310,7 +305,7 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) 
 
 func metadata(s streams.Snapshot, rows int64) map[string]string {
 	m := s.Metadata()
-	m[metaRows] = strconv.FormatInt(rows, 10)
+	m[streams.MetaSnapshotRows] = strconv.FormatInt(rows, 10)
 	return m
 }
 

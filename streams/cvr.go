@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -184,6 +185,9 @@ const (
 	CVROpDelDesire CVROp = "del-desire"
 	CVROpPutRow    CVROp = "put-row"
 	CVROpDelRow    CVROp = "del-row"
+	// CVROpPutRows is put-row for many rows that share their table, patch
+	// version and refs, as a hydration's rows do: a fraction of the bytes.
+	CVROpPutRows CVROp = "put-rows"
 )
 
 // CVRMessage is one message on a group's subject: a CVR update, or one
@@ -215,6 +219,7 @@ type CVREvent struct {
 	Got          *CVRGot         `json:"got,omitempty"`
 	Desire       *CVRDesire      `json:"desire,omitempty"`
 	Row          *CVRRow         `json:"row,omitempty"`
+	Rows         *CVRRows        `json:"rows,omitempty"`
 }
 
 // CVRSnapshot opens a snapshot at a CVR version.
@@ -295,6 +300,59 @@ type CVRRow struct {
 	// tombstone (encoded as null): the row was deleted from the clients at
 	// PatchVersion.
 	Refs map[string]int `json:"refs"`
+}
+
+// CVRRows is the put-row of each key with the rowVersion at the same index,
+// and Table, PatchVersion and Refs as given.
+type CVRRows struct {
+	Table        string            `json:"table"`
+	PatchVersion string            `json:"patchVersion,omitempty"`
+	Refs         map[string]int    `json:"refs"`
+	Keys         []json.RawMessage `json:"keys"`
+	RowVersions  []string          `json:"rowVersions"`
+}
+
+// CVRRowEvents builds the events of many put-rows, joining consecutive rows
+// that share their table, patch version and refs into put-rows events of at
+// most about 64 KiB of keys and versions. The zero value is ready to use.
+type CVRRowEvents struct {
+	events []CVREvent
+	run    *CVRRows
+	bytes  int
+}
+
+// maxPutRowsBytes bounds the keys and versions of one put-rows event, far
+// inside a CVR message.
+const maxPutRowsBytes = 64 << 10
+
+// Add appends the put-row of r. Its Refs map is kept, not copied.
+func (b *CVRRowEvents) Add(r CVRRow) {
+	n := len(r.Key) + len(r.RowVersion) + 4
+	if run := b.run; run != nil && run.Table == r.Table && run.PatchVersion == r.PatchVersion &&
+		(run.Refs == nil) == (r.Refs == nil) && maps.Equal(run.Refs, r.Refs) && b.bytes+n <= maxPutRowsBytes {
+		run.Keys = append(run.Keys, r.Key)
+		run.RowVersions = append(run.RowVersions, r.RowVersion)
+		b.bytes += n
+		return
+	}
+	b.run = &CVRRows{Table: r.Table, PatchVersion: r.PatchVersion, Refs: r.Refs,
+		Keys: []json.RawMessage{r.Key}, RowVersions: []string{r.RowVersion}}
+	b.bytes = n
+	b.events = append(b.events, CVREvent{Op: CVROpPutRows, Rows: b.run})
+}
+
+// Events returns the events added, a row alone in its run as a put-row.
+func (b *CVRRowEvents) Events() []CVREvent {
+	for i := range b.events {
+		if r := b.events[i].Rows; len(r.Keys) == 1 {
+			b.events[i] = CVREvent{Op: CVROpPutRow, Row: &CVRRow{
+				Table: r.Table, Key: r.Keys[0], RowVersion: r.RowVersions[0], PatchVersion: r.PatchVersion, Refs: r.Refs,
+			}}
+		}
+	}
+	evs := b.events
+	*b = CVRRowEvents{}
+	return evs
 }
 
 // CVRRowKey encodes a primary key canonically: a JSON object, keys sorted.
@@ -430,7 +488,7 @@ func (m *CVRMessage) validate() error {
 func (e *CVREvent) validate() error {
 	n := 0
 	for _, set := range []bool{e.Snapshot != nil, e.Instance != nil, e.ClientSchema != nil, e.Client != nil,
-		e.Query != nil, e.Got != nil, e.Desire != nil, e.Row != nil} {
+		e.Query != nil, e.Got != nil, e.Desire != nil, e.Row != nil, e.Rows != nil} {
 		if set {
 			n++
 		}
@@ -453,6 +511,12 @@ func (e *CVREvent) validate() error {
 		ok = e.Desire != nil && e.Desire.ClientID != "" && e.Desire.Hash != ""
 	case CVROpPutRow, CVROpDelRow:
 		ok = e.Row != nil && e.Row.Table != "" && isJSONObject(e.Row.Key)
+	case CVROpPutRows:
+		r := e.Rows
+		ok = r != nil && r.Table != "" && len(r.Keys) > 0 && len(r.Keys) == len(r.RowVersions)
+		for i := 0; ok && i < len(r.Keys); i++ {
+			ok = isJSONObject(r.Keys[i])
+		}
 	default:
 		return fmt.Errorf("unknown op %q", e.Op)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +67,10 @@ func cvrEvents() []CVREvent {
 		{Op: CVROpPutRow, Row: &CVRRow{Table: "issue", Key: json.RawMessage(`{"id":"i2"}`), RowVersion: "4gc4w8", PatchVersion: "4gc54g"}},
 		{Op: CVROpPutRow, Row: &CVRRow{Table: "issue", Key: json.RawMessage(`{"id":"i4"}`), Refs: map[string]int{}}},
 		{Op: CVROpDelRow, Row: &CVRRow{Table: "issue", Key: json.RawMessage(`{"a":1,"b":"x"}`)}},
+		{Op: CVROpPutRows, Rows: &CVRRows{Table: "issue", PatchVersion: "4gc54g", Refs: map[string]int{"h1": 1},
+			Keys: []json.RawMessage{json.RawMessage(`{"id":"i5"}`), json.RawMessage(`{"id":"i6"}`)}, RowVersions: []string{"4gc4w8", "4gc54g"}}},
+		{Op: CVROpPutRows, Rows: &CVRRows{Table: "issue", PatchVersion: "4gc54g",
+			Keys: []json.RawMessage{json.RawMessage(`{"id":"i7"}`)}, RowVersions: []string{""}}},
 	}
 }
 
@@ -137,6 +142,10 @@ func TestDecodeCVR_Rejects(t *testing.T) {
 		{"MissingPayload", `{"group":"g","events":[{"op":"put-row"}]}`},
 		{"ExtraPayload", `{"group":"g","events":[{"op":"put-client","client":{"id":"c"},"query":{"hash":"h"}}]}`},
 		{"KeyNotObject", `{"group":"g","events":[{"op":"put-row","row":{"table":"t","key":[1]}}]}`},
+		{"RowsKeyNotObject", `{"group":"g","events":[{"op":"put-rows","rows":{"table":"t","keys":[{"id":1},2],"rowVersions":["a","b"]}}]}`},
+		{"RowsUneven", `{"group":"g","events":[{"op":"put-rows","rows":{"table":"t","keys":[{"id":1}],"rowVersions":["a","b"]}}]}`},
+		{"RowsEmpty", `{"group":"g","events":[{"op":"put-rows","rows":{"table":"t","keys":[],"rowVersions":[]}}]}`},
+		{"RowsNoTable", `{"group":"g","events":[{"op":"put-rows","rows":{"keys":[{"id":1}],"rowVersions":["a"]}}]}`},
 		{"LateSnapshot", `{"group":"g","events":[{"op":"put-client","client":{"id":"c"}},{"op":"snapshot","snapshot":{}}]}`},
 		{"Trailing", `{"group":"g","events":[]} {}`},
 		{"NegativePart", `{"group":"g","part":-1,"events":[]}`},
@@ -209,5 +218,58 @@ func TestEnsureCVR(t *testing.T) {
 	}
 	if _, err := js.Publish(ctx, cfg.Shard.CVRSubject("a.b c"), []byte(`{}`)); err != nil {
 		t.Errorf("publish on escaped subject: %v", err)
+	}
+}
+
+func TestCVRRowEvents(t *testing.T) {
+	key := func(i int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"id":"i%d"}`, i)) }
+	refs := map[string]int{"h": 1}
+	var b CVRRowEvents
+	b.Add(CVRRow{Table: "issue", Key: key(1), RowVersion: "a", PatchVersion: "p", Refs: refs})
+	b.Add(CVRRow{Table: "issue", Key: key(2), RowVersion: "b", PatchVersion: "p", Refs: map[string]int{"h": 1}})
+	b.Add(CVRRow{Table: "issue", Key: key(3), RowVersion: "c", PatchVersion: "p"}) // a tombstone
+	b.Add(CVRRow{Table: "comment", Key: key(4), RowVersion: "d", PatchVersion: "p", Refs: refs})
+	b.Add(CVRRow{Table: "comment", Key: key(5), RowVersion: "e", PatchVersion: "q", Refs: refs})
+	b.Add(CVRRow{Table: "comment", Key: key(6), RowVersion: "f", PatchVersion: "q", Refs: refs})
+	want := []CVREvent{
+		{Op: CVROpPutRows, Rows: &CVRRows{Table: "issue", PatchVersion: "p", Refs: refs,
+			Keys: []json.RawMessage{key(1), key(2)}, RowVersions: []string{"a", "b"}}},
+		{Op: CVROpPutRow, Row: &CVRRow{Table: "issue", Key: key(3), RowVersion: "c", PatchVersion: "p"}},
+		{Op: CVROpPutRow, Row: &CVRRow{Table: "comment", Key: key(4), RowVersion: "d", PatchVersion: "p", Refs: refs}},
+		{Op: CVROpPutRows, Rows: &CVRRows{Table: "comment", PatchVersion: "q", Refs: refs,
+			Keys: []json.RawMessage{key(5), key(6)}, RowVersions: []string{"e", "f"}}},
+	}
+	if d := cmp.Diff(want, b.Events()); d != "" {
+		t.Errorf("events (-want +got):\n%s", d)
+	}
+	if evs := b.Events(); len(evs) != 0 {
+		t.Errorf("Events again = %d events; want none (it resets)", len(evs))
+	}
+
+	// Runs are cut to keep each event far inside a message.
+	big := json.RawMessage(`{"id":"` + strings.Repeat("x", 4000) + `"}`)
+	for range 100 {
+		b.Add(CVRRow{Table: "t", Key: big, RowVersion: "v", Refs: refs})
+	}
+	evs := b.Events()
+	if len(evs) < 2 {
+		t.Fatalf("100 rows of 4 kB keys in %d event(s); want them cut", len(evs))
+	}
+	msgs, err := EncodeCVRUpdate(CVRMessage{Group: "g", Version: "01"}, evs, 0)
+	if err != nil {
+		t.Fatalf("EncodeCVRUpdate: %v", err)
+	}
+	n := 0
+	for _, m := range msgs {
+		dec, err := DecodeCVR(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range dec.Events {
+			n += len(e.Rows.Keys)
+		}
+	}
+	if n != 100 {
+		t.Errorf("%d rows after a round trip; want 100", n)
 	}
 }

@@ -234,16 +234,17 @@ func groupEvents(v string, i int) []streams.CVREvent {
 	}
 }
 
-// rowEvents are n row records from the from-th issue on, held by the query.
+// rowEvents are n row records from the from-th issue on, held by the query,
+// as the view-syncer writes them: one put-rows for a run that shares its
+// patch version and refs.
 func rowEvents(v string, from, n int) []streams.CVREvent {
-	out := make([]streams.CVREvent, n)
-	for i := range out {
-		out[i] = streams.CVREvent{Op: streams.CVROpPutRow, Row: &streams.CVRRow{
-			Table: "issue", Key: json.RawMessage(fmt.Sprintf(`{"id":"i%07d"}`, from+i)),
-			RowVersion: v, PatchVersion: v, Refs: map[string]int{queryHash: 1},
-		}}
+	var b streams.CVRRowEvents
+	refs := map[string]int{queryHash: 1}
+	for i := range n {
+		b.Add(streams.CVRRow{Table: "issue", Key: json.RawMessage(fmt.Sprintf(`{"id":"i%07d"}`, from+i)),
+			RowVersion: v, PatchVersion: v, Refs: refs})
 	}
-	return out
+	return b.Events()
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

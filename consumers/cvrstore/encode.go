@@ -48,11 +48,17 @@ func encodeUpdate(hdr streams.CVRMessage, events []streams.CVREvent, maxBytes in
 		}
 		start := len(buf)
 		var ok bool
-		if e.Op == streams.CVROpPutRow {
+		switch e.Op {
+		case streams.CVROpPutRow:
 			if err := checkRowEvent(e); err != nil {
 				return nil, nil, fmt.Errorf("%w: cvr event %d: %v", streams.ErrMalformed, i, err)
 			}
 			buf, ok = appendRowEvent(buf, e.Row)
+		case streams.CVROpPutRows:
+			if err := checkRowsEvent(e); err != nil {
+				return nil, nil, fmt.Errorf("%w: cvr event %d: %v", streams.ErrMalformed, i, err)
+			}
+			buf, ok = appendRowsEvent(buf, e.Rows)
 		}
 		if !ok {
 			buf = buf[:start]
@@ -160,6 +166,66 @@ func checkRowEvent(e *streams.CVREvent) error {
 		return fmt.Errorf("op %q: missing or extra fields", e.Op)
 	}
 	return nil
+}
+
+// checkRowsEvent is the contract's check of a put-rows event.
+func checkRowsEvent(e *streams.CVREvent) error {
+	r := e.Rows
+	if r == nil || e.Row != nil || e.Snapshot != nil || e.Instance != nil || e.ClientSchema != nil || e.Client != nil ||
+		e.Query != nil || e.Got != nil || e.Desire != nil || r.Table == "" || len(r.Keys) == 0 || len(r.Keys) != len(r.RowVersions) {
+		return fmt.Errorf("op %q: missing or extra fields", e.Op)
+	}
+	for _, key := range r.Keys {
+		k := bytes.TrimLeft(key, " \t\r\n")
+		if len(k) == 0 || k[0] != '{' || !json.Valid(k) {
+			return fmt.Errorf("op %q: missing or extra fields", e.Op)
+		}
+	}
+	return nil
+}
+
+// appendRowsEvent appends r's put-rows event as encoding/json writes it,
+// or reports false if a string or a key would need escaping or compacting.
+func appendRowsEvent(b []byte, r *streams.CVRRows) ([]byte, bool) {
+	if !plain(r.Table) || !plain(r.PatchVersion) {
+		return b, false
+	}
+	b = append(b, `{"op":"put-rows","rows":{"table":"`...)
+	b = append(b, r.Table...)
+	b = append(b, '"')
+	if r.PatchVersion != "" {
+		b = append(b, `,"patchVersion":"`...)
+		b = append(b, r.PatchVersion...)
+		b = append(b, '"')
+	}
+	b = append(b, `,"refs":`...)
+	b, ok := appendRefs(b, r.Refs)
+	if !ok {
+		return b, false
+	}
+	b = append(b, `,"keys":[`...)
+	for i, k := range r.Keys {
+		if !plainJSON(k) {
+			return b, false
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, k...)
+	}
+	b = append(b, `],"rowVersions":[`...)
+	for i, v := range r.RowVersions {
+		if !plain(v) {
+			return b, false
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, v...)
+		b = append(b, '"')
+	}
+	return append(b, "]}}"...), true
 }
 
 // appendRowEvent appends r's put-row event as encoding/json writes it, or

@@ -25,6 +25,14 @@ func TestEncodeUpdate(t *testing.T) {
 		return evs
 	}
 	plainKey := func(i int) string { return fmt.Sprintf(`{"id":"i%07d"}`, i) }
+	shared := func(n int, key func(i int) string, refs map[string]int, patch string) streams.CVREvent {
+		r := &streams.CVRRows{Table: "issue", PatchVersion: patch, Refs: refs}
+		for i := range n {
+			r.Keys = append(r.Keys, json.RawMessage(key(i)))
+			r.RowVersions = append(r.RowVersions, fmt.Sprintf("v%03d", i%7))
+		}
+		return streams.CVREvent{Op: streams.CVROpPutRows, Rows: r}
+	}
 	config := []streams.CVREvent{
 		{Op: streams.CVROpInstance, Instance: &streams.CVRInstance{Version: "0a:01", TTLClockMs: 1.25, LastActiveMs: 99}},
 		{Op: streams.CVROpClientSchema, ClientSchema: json.RawMessage(`{"tables": {"a<b": {}}}`)},
@@ -49,6 +57,11 @@ func TestEncodeUpdate(t *testing.T) {
 		{"EscapedKeys", streams.CVRMessage{Group: "g", Version: "01"},
 			rows(30, func(i int) string { return fmt.Sprintf(`{"id":"a<%d> &é \"x\"","n":%d}`, i, i) }, map[string]int{"h<": 1}), 700},
 		{"SpacedKey", streams.CVRMessage{Group: "g", Version: "01"}, rows(2, func(int) string { return `{ "id" : "x" }` }, nil), 0},
+		{"SharedRows", streams.CVRMessage{Group: "g", Version: "01"}, []streams.CVREvent{
+			shared(40, plainKey, map[string]int{"q1": 1}, "0a:01"), shared(3, plainKey, nil, ""),
+			shared(5, plainKey, map[string]int{}, "0a:01")}, 1500},
+		{"SharedRowsEscaped", streams.CVRMessage{Group: "g", Version: "01"}, []streams.CVREvent{
+			shared(4, func(i int) string { return fmt.Sprintf(`{ "id" : "a<%d>" }`, i) }, map[string]int{"h": 1}, "0a:01")}, 0},
 		{"OddGroup", streams.CVRMessage{Group: "g\xfe<1>", Owner: "ö", Version: "01"}, rows(5, plainKey, map[string]int{"a": 1}), 0},
 	}
 	for _, tt := range tests {
@@ -98,6 +111,12 @@ func TestEncodeUpdate_Invalid(t *testing.T) {
 		{"ExtraField", streams.CVRMessage{Group: "g"}, []streams.CVREvent{{Op: streams.CVROpPutRow, Row: row, Client: &streams.CVRClient{ID: "c"}}}},
 		{"LateSnapshot", streams.CVRMessage{Group: "g"}, []streams.CVREvent{{Op: streams.CVROpPutRow, Row: row},
 			{Op: streams.CVROpSnapshot, Snapshot: &streams.CVRSnapshot{}}}},
+		{"RowsUneven", streams.CVRMessage{Group: "g"}, []streams.CVREvent{{Op: streams.CVROpPutRows, Rows: &streams.CVRRows{Table: "t",
+			Keys: []json.RawMessage{row.Key}, RowVersions: []string{"a", "b"}}}}},
+		{"RowsKeyNotObject", streams.CVRMessage{Group: "g"}, []streams.CVREvent{{Op: streams.CVROpPutRows, Rows: &streams.CVRRows{Table: "t",
+			Keys: []json.RawMessage{row.Key, json.RawMessage(`1`)}, RowVersions: []string{"a", "b"}}}}},
+		{"RowsAndRow", streams.CVRMessage{Group: "g"}, []streams.CVREvent{{Op: streams.CVROpPutRows, Row: row, Rows: &streams.CVRRows{Table: "t",
+			Keys: []json.RawMessage{row.Key}, RowVersions: []string{"a"}}}}},
 		{"TooBig", streams.CVRMessage{Group: "g"}, []streams.CVREvent{{Op: streams.CVROpPutRow, Row: &streams.CVRRow{Table: "t",
 			Key: json.RawMessage(`{"id":"` + string(bytes.Repeat([]byte("x"), streams.CVRMaxMessageBytes)) + `"}`)}}}},
 	}

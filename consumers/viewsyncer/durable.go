@@ -261,17 +261,16 @@ func sameDesire(a, b streams.CVRDesire) bool {
 }
 
 // rowEvents are the events for the rows the update touched and changed.
-// A row deleted from the CVR was never sent, nor written.
-//
-// The records are allocated together: a hydration writes 100k of them.
+// A row deleted from the CVR was never sent, nor written. Consecutive rows
+// that share their table, patch version and refs, as a hydration's do, go
+// as put-rows events: about a fifth of the bytes of their put-rows one by one.
 func rowEvents(c *cvr, u *update) ([]streams.CVREvent, error) {
 	all := u.reset
 	ids := u.rowOrder
 	if all {
 		ids = sortedKeys(c.rows)
 	}
-	evs := make([]streams.CVREvent, 0, len(ids))
-	recs := make([]streams.CVRRow, 0, len(ids)) // never grown: evs point into it
+	var b streams.CVRRowEvents
 	for _, id := range ids {
 		rec := c.rows[id]
 		if rec == nil {
@@ -283,12 +282,10 @@ func rowEvents(c *cvr, u *update) ([]streams.CVREvent, error) {
 		}
 		// Publish applies the events after it returns: they may share
 		// the record's refs, which are replaced, never changed (addRef).
-		recs = append(recs, streams.CVRRow{
-			Table: rec.table, Key: json.RawMessage(rec.key), RowVersion: rec.rowVersion, PatchVersion: rec.patchVersion, Refs: rec.refs,
-		})
-		evs = append(evs, streams.CVREvent{Op: streams.CVROpPutRow, Row: &recs[len(recs)-1]})
+		b.Add(streams.CVRRow{Table: rec.table, Key: json.RawMessage(rec.key), RowVersion: rec.rowVersion,
+			PatchVersion: rec.patchVersion, Refs: rec.refs})
 	}
-	return evs, nil
+	return b.Events(), nil
 }
 
 func (d *durableStore) unload(ctx context.Context, c *cvr) {

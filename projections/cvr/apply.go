@@ -190,6 +190,8 @@ func (a *applier) event(e *streams.CVREvent) error {
 		return a.exec(`DELETE FROM desires WHERE groupID = ?1 AND clientID = ?2 AND hash = ?3`, e.Desire.ClientID, e.Desire.Hash)
 	case streams.CVROpPutRow:
 		return a.putRows([]streams.CVREvent{*e})
+	case streams.CVROpPutRows:
+		return a.putRowsShared(e.Rows)
 	case streams.CVROpDelRow:
 		return a.exec(`DELETE FROM rows WHERE groupID = ?1 AND tbl = ?2 AND key = ?3`, e.Row.Table, rawText(e.Row.Key))
 	}
@@ -231,6 +233,30 @@ func (a *applier) putRows(evs []streams.CVREvent) error {
 			return err
 		}
 		evs = evs[n:]
+	}
+	return nil
+}
+
+// putRowsShared applies a put-rows event, putRowsMax rows per statement.
+func (a *applier) putRowsShared(r *streams.CVRRows) error {
+	var refs any
+	if r.Refs != nil {
+		b, err := refsJSON(r.Refs)
+		if err != nil {
+			return err
+		}
+		refs = b
+	}
+	args := make([]any, 0, 6*min(len(r.Keys), putRowsMax))
+	for from := 0; from < len(r.Keys); from += putRowsMax {
+		to := min(from+putRowsMax, len(r.Keys))
+		args = args[:0]
+		for i := from; i < to; i++ {
+			args = append(args, a.group, r.Table, rawText(r.Keys[i]), r.RowVersions[i], r.PatchVersion, refs)
+		}
+		if err := a.execArgs(putRowsSQL(to-from), args); err != nil {
+			return err
+		}
 	}
 	return nil
 }

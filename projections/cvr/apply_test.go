@@ -100,6 +100,12 @@ func TestApply_EveryEvent(t *testing.T) {
 		{Op: streams.CVROpPutRow, Row: &streams.CVRRow{Table: "issue", Key: json.RawMessage(`{"id":"i3"}`), Refs: map[string]int{}}},
 		{Op: streams.CVROpPutRow, Row: &streams.CVRRow{Table: "issue", Key: json.RawMessage(`{"id":"i4"}`)}},
 		{Op: streams.CVROpDelRow, Row: &streams.CVRRow{Table: "issue", Key: json.RawMessage(`{"id" : "i4"}`)}},
+		// i2 again: a later event wins.
+		{Op: streams.CVROpPutRows, Rows: &streams.CVRRows{Table: "issue", PatchVersion: "02", Refs: map[string]int{"h1": 1},
+			Keys:        []json.RawMessage{json.RawMessage(`{"id":"i5"}`), json.RawMessage(`{"id": "i2"}`)},
+			RowVersions: []string{"01", "02"}}},
+		{Op: streams.CVROpPutRows, Rows: &streams.CVRRows{Table: "comment", PatchVersion: "02",
+			Keys: []json.RawMessage{json.RawMessage(`{"id":"c9"}`)}, RowVersions: []string{"01"}}},
 	}
 	mustApply(t, db, 5, &streams.CVRMessage{Group: "g", Version: "02", Last: true, Events: evs})
 	in.Version = "02" // the message's version wins
@@ -120,9 +126,11 @@ func TestApply_EveryEvent(t *testing.T) {
 			{"c2", "h2"}: {ClientID: "c2", Hash: "h2", TTLMs: 1, InactivatedAtMs: ptr(99.5), Cleared: true, PatchVersion: "02"},
 		},
 		Rows: map[RowKey]streams.CVRRow{
-			{"issue", `{"id":"i1"}`}: {Table: "issue", Key: json.RawMessage(`{"id":"i1"}`), RowVersion: "01", PatchVersion: "02", Refs: map[string]int{"h1": 1, "lmids": 2}},
-			{"issue", `{"id":"i2"}`}: {Table: "issue", Key: json.RawMessage(`{"id":"i2"}`), RowVersion: "01", PatchVersion: "02"},
-			{"issue", `{"id":"i3"}`}: {Table: "issue", Key: json.RawMessage(`{"id":"i3"}`), Refs: map[string]int{}},
+			{"issue", `{"id":"i1"}`}:   {Table: "issue", Key: json.RawMessage(`{"id":"i1"}`), RowVersion: "01", PatchVersion: "02", Refs: map[string]int{"h1": 1, "lmids": 2}},
+			{"issue", `{"id":"i2"}`}:   {Table: "issue", Key: json.RawMessage(`{"id":"i2"}`), RowVersion: "02", PatchVersion: "02", Refs: map[string]int{"h1": 1}},
+			{"issue", `{"id":"i5"}`}:   {Table: "issue", Key: json.RawMessage(`{"id":"i5"}`), RowVersion: "01", PatchVersion: "02", Refs: map[string]int{"h1": 1}},
+			{"comment", `{"id":"c9"}`}: {Table: "comment", Key: json.RawMessage(`{"id":"c9"}`), RowVersion: "01", PatchVersion: "02"},
+			{"issue", `{"id":"i3"}`}:   {Table: "issue", Key: json.RawMessage(`{"id":"i3"}`), Refs: map[string]int{}},
 		},
 	}
 	if d := cmp.Diff(want, load(t, db, "g")); d != "" {

@@ -253,11 +253,11 @@ func SnapshotEvents(st *State) []streams.CVREvent {
 		d := st.Desires[k]
 		evs = append(evs, streams.CVREvent{Op: streams.CVROpPutDesire, Desire: &d})
 	}
+	var rows streams.CVRRowEvents
 	for _, k := range sortedKeys(st.Rows, func(a, b RowKey) bool { return a.Table < b.Table || a.Table == b.Table && a.Key < b.Key }) {
-		r := st.Rows[k]
-		evs = append(evs, streams.CVREvent{Op: streams.CVROpPutRow, Row: &r})
+		rows.Add(st.Rows[k])
 	}
-	return evs
+	return append(evs, rows.Events()...)
 }
 
 func sortedKeys[K comparable, V any](m map[K]V, less func(a, b K) bool) []K {

@@ -47,9 +47,9 @@ const (
 	// DefaultReadConns is the size of the replica read pool.
 	DefaultReadConns = 8
 	// DefaultGroupIdle is how long a client group without connections
-	// stays in memory. zero-cache keeps an idle view-syncer for 5 s; a
-	// longer stay spares a reloading tab the re-hydration.
-	DefaultGroupIdle = 30 * time.Second
+	// stays in memory: zero-cache's idle view-syncer keepalive. A group
+	// that comes back later loads its CVR from the local projection.
+	DefaultGroupIdle = 5 * time.Second
 )
 
 // evictInterval is how often Run looks for queries whose TTL ran out.

@@ -187,6 +187,12 @@ type Server struct {
 	// draining is set once Run ends: new connections are sent away.
 	draining atomic.Bool
 
+	// loadMu serializes the schema and permissions loads of openSnapshot:
+	// two racing ones would each build their own copy of an unchanged
+	// schema, and pipelines prepared with the copy that was not kept would
+	// take the next snapshot for a schema change and re-hydrate.
+	loadMu sync.Mutex
+
 	mu     sync.Mutex
 	groups map[string]*group
 	schema *schema      // last loaded
@@ -611,6 +617,8 @@ func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
 		_ = tx.Rollback()
 		return nil, nil
 	}
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
 	s.mu.Lock()
 	prev, prevPerms := s.schema, s.perms
 	s.mu.Unlock()

@@ -102,25 +102,31 @@ type issueWriter struct {
 }
 
 func startIssueWriter(t *testing.T, pg *pgx.Conn, ids []string) *issueWriter {
-	ctx, cancel := context.WithCancel(context.Background())
+	// The writer stops between writes: pgx closes a connection whose
+	// query is cancelled, and pg is shared with the test.
+	done := make(chan struct{})
 	w := &issueWriter{}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for ctx.Err() == nil {
-			if _, err := pg.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, fmt.Sprintf("write %d", w.n), ids[w.n%len(ids)]); err != nil {
-				if ctx.Err() == nil {
-					w.err = err
-				}
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if _, err := pg.Exec(context.Background(), `UPDATE issue SET title = $1 WHERE id = $2`, fmt.Sprintf("write %d", w.n), ids[w.n%len(ids)]); err != nil {
+				w.err = err
 				return
 			}
 			w.n++
 			select {
-			case <-ctx.Done():
+			case <-done:
+				return
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
 	})
-	w.stop = sync.OnceFunc(func() { cancel(); wg.Wait() })
+	w.stop = sync.OnceFunc(func() { close(done); wg.Wait() })
 	t.Cleanup(w.stop)
 	return w
 }

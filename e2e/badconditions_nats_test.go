@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -71,12 +71,7 @@ func natsServerBin(t *testing.T) string {
 func startNATSServer(t *testing.T) *natsServer {
 	t.Helper()
 	bin := natsServerBin(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "server.conf")
 	body := fmt.Sprintf("server_name: e2e_external\nlisten: %q\nmax_payload: 1MB\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n", addr, filepath.Join(dir, "store"))

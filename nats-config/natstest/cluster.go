@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,15 +39,42 @@ func ClusterConfDir() string {
 	return filepath.Join(filepath.Dir(file), "..", "cluster")
 }
 
-// FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
+// FreePort returns a TCP port free on every interface at the time of the
+// call. It is taken below the kernel's ephemeral range when there is room
+// there: a port the kernel handed out for ":0" can go to an outgoing
+// connection before the caller's server binds it.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	if lo := ephemeralLow(); lo > 12000 {
+		for range 200 {
+			p := 10000 + rand.IntN(lo-10000)
+			if ln, err := net.Listen("tcp", ":"+strconv.Itoa(p)); err == nil {
+				ln.Close()
+				return p
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("natstest: free port: %v", err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or 0
+// when it can't be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
 }
 
 // StartCluster runs nats-config/cluster/node{1,2,3}.conf with the client

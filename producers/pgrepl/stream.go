@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,18 +77,20 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 // the reader takes a silence of twice the timeout for a dead peer
 // (inboundLimit), as zero-cache does.
 func walSenderTimeout(ctx context.Context, replConn *pgconn.PgConn) (time.Duration, error) {
-	res, err := replConn.Exec(ctx, "SHOW wal_sender_timeout").ReadAll()
+	// pg_settings gives the value in its unit, milliseconds; SHOW would
+	// pick a unit to print it in.
+	res, err := replConn.Exec(ctx, "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'").ReadAll()
 	if err != nil {
-		return 0, fmt.Errorf("show wal_sender_timeout: %w", err)
+		return 0, fmt.Errorf("read wal_sender_timeout: %w", err)
 	}
 	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
-		return 0, errors.New("show wal_sender_timeout: unexpected result")
+		return 0, errors.New("read wal_sender_timeout: unexpected result")
 	}
-	timeout, err := parsePgDuration(string(res[0].Rows[0][0]))
+	ms, err := strconv.ParseInt(string(res[0].Rows[0][0]), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("show wal_sender_timeout: %w", err)
+		return 0, fmt.Errorf("read wal_sender_timeout: %w", err)
 	}
-	return timeout, nil
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // inboundLimit is how long the reader waits for a message before it takes
@@ -109,29 +110,6 @@ func statusIntervalFor(timeout time.Duration) time.Duration {
 		return statusInterval
 	}
 	return max(min(statusInterval, timeout/3), 100*time.Millisecond)
-}
-
-// parsePgDuration parses a time setting as SHOW prints it: an integer with
-// an optional unit ("60s", "500ms", "1min"); a bare number is in ms.
-func parsePgDuration(v string) (time.Duration, error) {
-	v = strings.TrimSpace(v)
-	i := 0
-	for i < len(v) && v[i] >= '0' && v[i] <= '9' {
-		i++
-	}
-	n, err := strconv.ParseInt(v[:i], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("duration %q: %w", v, err)
-	}
-	unit := map[string]time.Duration{
-		"": time.Millisecond, "us": time.Microsecond, "ms": time.Millisecond, "s": time.Second,
-		"min": time.Minute, "h": time.Hour, "d": 24 * time.Hour,
-	}
-	u, ok := unit[strings.TrimSpace(v[i:])]
-	if !ok {
-		return 0, fmt.Errorf("duration %q: unknown unit", v)
-	}
-	return time.Duration(n) * u, nil
 }
 
 // read receives the replication stream until an error.

@@ -190,29 +190,14 @@ func TestSource_DDLCopyOutlastsSenderTimeout(t *testing.T) {
 		CREATE TABLE a (id int PRIMARY KEY, v text);
 		INSERT INTO a VALUES (1, 'x'), (2, 'y');
 	`)
-	sep := "?"
-	if strings.Contains(e.url, "?") {
-		sep = "&"
-	}
-	e.url += sep + "options=-c%20wal_sender_timeout%3D1s"
+	e.url = withSenderTimeout(t, e.url, "1s")
 	e.run(t)
 	u := e.waitSynced(t, "")
 	_, txs := transactions(t, e.messages(t))
 	n := len(txs)
 	ctx := context.Background()
-	walsender := func() int {
-		var pid int
-		if err := e.conn.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, u.Slot).Scan(&pid); err != nil {
-			t.Fatal(err)
-		}
-		return pid
-	}
 	var pid int
-	waitFor(t, 30*time.Second, "the walsender", func() bool { pid = walsender(); return pid != 0 })
-	var timeout string
-	if err := e.conn.QueryRow(ctx, `SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&timeout); err != nil {
-		t.Fatal(err)
-	}
+	waitFor(t, 30*time.Second, "the walsender", func() bool { pid = e.walsender(t, u.Slot); return pid != 0 })
 
 	// The schema change waits uncommitted while a locker queues for the
 	// table: at the commit the locker is granted the table before the
@@ -265,7 +250,7 @@ func TestSource_DDLCopyOutlastsSenderTimeout(t *testing.T) {
 	if lines := ddlLines(txs[n]); !slices.Contains(lines, "a backfill [id v ts] rows=2") {
 		t.Errorf("the schema change's transaction = %q; want a backfill of a's 2 rows", lines)
 	}
-	if got := walsender(); got != pid {
-		t.Errorf("walsender pid %d after the copy, %d before: the session was cut (wal_sender_timeout %s ms)", got, pid, timeout)
+	if got := e.walsender(t, u.Slot); got != pid {
+		t.Errorf("walsender pid %d after the copy, %d before: the session was cut (wal_sender_timeout 1s)", got, pid)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,37 +52,17 @@ func TestDegraded_Source(t *testing.T) {
 	})
 
 	t.Run("AddColumnUnderLoad", func(t *testing.T) {
-		// The writer stops between inserts rather than by a cancel, which
-		// could leave a commit landing after Postgres is read below.
-		ctx := context.Background()
-		var stopped atomic.Bool
-		defer stopped.Store(true)
-		var next atomic.Int64
-		next.Store(100)
-		done := make(chan error, 1)
-		go func() {
-			conn, err := pgx.Connect(ctx, e.url)
-			if err != nil {
-				done <- err
-				return
-			}
-			defer conn.Close(context.Background())
-			for !stopped.Load() {
-				id := next.Add(1)
-				if _, err := conn.Exec(ctx, `INSERT INTO a (id, v) VALUES ($1, 'w')`, id); err != nil {
-					done <- err
-					return
-				}
-			}
-			done <- nil
-		}()
+		w := e.startWriters(t, 1, 100, func(ctx context.Context, conn *pgx.Conn, id int64) error {
+			_, err := conn.Exec(ctx, `INSERT INTO a (id, v) VALUES ($1, 'w')`, id)
+			return err
+		})
+		next := &w.next
 		waitFor(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 200 })
 		e.exec(t, `ALTER TABLE a ADD COLUMN extra text DEFAULT 'd'`)
 		u2 := e.waitSynced(t, u1.ReplicaVersion)
 		from := next.Load()
 		waitFor(t, 30*time.Second, "writes after the resync", func() bool { return next.Load() > from+100 })
-		stopped.Store(true)
-		if err := <-done; err != nil {
+		if err := w.stop(); err != nil {
 			t.Fatal(err)
 		}
 

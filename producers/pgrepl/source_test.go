@@ -182,6 +182,56 @@ func waitFor(t *testing.T, d time.Duration, what string, f func() bool) {
 	}
 }
 
+// writers write rows with ids from next on, each on a connection of its
+// own, until stop.
+type writers struct {
+	next atomic.Int64
+	// stop waits for the writers to finish the write in hand and returns
+	// the first error. They stop between writes rather than by a cancel,
+	// which closes a pgx connection and could leave a commit landing after
+	// the test reads Postgres.
+	stop func() error
+}
+
+// startWriters starts n writers calling write with ids after first.
+func (e *env) startWriters(t *testing.T, n int, first int64, write func(ctx context.Context, conn *pgx.Conn, id int64) error) *writers {
+	t.Helper()
+	w := &writers{}
+	w.next.Store(first)
+	var stopped atomic.Bool
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, e.url)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(ctx)
+			for !stopped.Load() {
+				if err := write(ctx, conn, w.next.Add(1)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	w.stop = sync.OnceValue(func() error {
+		stopped.Store(true)
+		var first error
+		for range n {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	})
+	t.Cleanup(func() { w.stop() })
+	return w
+}
+
 // txn is a transaction reassembled from the stream.
 type txn struct {
 	wm, prev string
@@ -971,53 +1021,27 @@ func TestSource_InitialSyncUnderOpenTransactions(t *testing.T) {
 
 func initialSyncUnderOpenTransactions(t *testing.T) {
 	e := newEnv(t, `CREATE TABLE a (id int PRIMARY KEY)`)
-	// Writers stop between transactions rather than by a cancel, which
-	// could leave a commit landing after Postgres is read for comparison.
-	ctx := context.Background()
-	var stopped atomic.Bool
-	defer stopped.Store(true)
-	var next atomic.Int64
-	const writers = 8
-	done := make(chan error, writers)
-	for range writers {
-		go func() {
-			conn, err := pgx.Connect(ctx, e.url)
-			if err != nil {
-				done <- err
-				return
+	// The insert's WAL record is written at once and the commit's only
+	// after the sleep: with several writers, a running-xacts record mostly
+	// finds transactions open, and the next record after it is often a
+	// commit.
+	w := e.startWriters(t, 8, 0, func(ctx context.Context, conn *pgx.Conn, id int64) error {
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO a VALUES ($1)`, id); err != nil {
+				return err
 			}
-			defer conn.Close(context.Background())
-			for !stopped.Load() {
-				id := next.Add(1)
-				// The insert's WAL record is written at once and the
-				// commit's only after the sleep: with several writers, a
-				// running-xacts record mostly finds transactions open, and
-				// the next record after it is often a commit.
-				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, `INSERT INTO a VALUES ($1)`, id); err != nil {
-						return err
-					}
-					_, err := tx.Exec(ctx, `SELECT pg_sleep(0.005)`)
-					return err
-				})
-				if err != nil {
-					done <- err
-					return
-				}
-			}
-			done <- nil
-		}()
-	}
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(0.005)`)
+			return err
+		})
+	})
+	next := &w.next
 	waitFor(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 5 })
 	e.run(t)
 	u := e.waitSynced(t, "")
 	from := next.Load()
 	waitFor(t, 30*time.Second, "writes after the initial sync", func() bool { return next.Load() > from+20 })
-	stopped.Store(true)
-	for range writers {
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+	if err := w.stop(); err != nil {
+		t.Fatal(err)
 	}
 	var want []int
 	rows, err := e.conn.Query(context.Background(), `SELECT id FROM a ORDER BY id`)
@@ -1084,11 +1108,8 @@ func TestSource_DeadUpstream(t *testing.T) {
 	}
 	p := newFreezer(t, u.Host)
 	u.Host = p.addr
-	q := u.Query()
-	q.Set("options", "-c wal_sender_timeout=1s")
-	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	direct := e.url
-	e.url = u.String()
+	e.url = withSenderTimeout(t, u.String(), "1s")
 	e.run(t)
 	e.url = direct
 	up := e.waitSynced(t, "")
@@ -1097,17 +1118,9 @@ func TestSource_DeadUpstream(t *testing.T) {
 
 	// A healthy session stays up through silences longer than the limit:
 	// the pings draw answers from an idle server.
-	walsender := func() (pid int) {
-		err := e.conn.QueryRow(context.Background(),
-			`SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, up.Slot).Scan(&pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pid
-	}
-	pid := walsender()
+	pid := e.walsender(t, up.Slot)
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if got := walsender(); got != pid {
+		if got := e.walsender(t, up.Slot); got != pid {
 			t.Fatalf("the idle session restarted: walsender %d, then %d", pid, got)
 		}
 	}
@@ -1118,6 +1131,32 @@ func TestSource_DeadUpstream(t *testing.T) {
 	if ids := inserted(txs, "a"); !slices.Equal(ids, []int{1, 2}) {
 		t.Errorf("inserts = %v; want [1 2]", ids)
 	}
+}
+
+// withSenderTimeout returns dbURL with wal_sender_timeout set to timeout
+// for its sessions.
+func withSenderTimeout(t *testing.T, dbURL, timeout string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("options", "-c wal_sender_timeout="+timeout)
+	// pgx reads a '+' in the query as itself, not a space.
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	return u.String()
+}
+
+// walsender is the pid of the walsender holding slot, 0 when none does.
+func (e *env) walsender(t *testing.T, slot string) (pid int) {
+	t.Helper()
+	err := e.conn.QueryRow(context.Background(),
+		`SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
 
 // freezer is a TCP proxy whose freeze stops every connection open at the

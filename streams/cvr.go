@@ -475,7 +475,7 @@ func (m *CVRMessage) validate() error {
 		return fmt.Errorf("%w: cvr message: part %d", ErrMalformed, m.Part)
 	}
 	for i := range m.Events {
-		if err := m.Events[i].validate(); err != nil {
+		if err := m.Events[i].Validate(); err != nil {
 			return fmt.Errorf("%w: cvr event %d: %v", ErrMalformed, i, err)
 		}
 		if m.Events[i].Op == CVROpSnapshot && (i > 0 || m.Part > 0) {
@@ -485,7 +485,9 @@ func (m *CVRMessage) validate() error {
 	return nil
 }
 
-func (e *CVREvent) validate() error {
+// Validate reports an event that the contract refuses: an unknown op, or
+// fields missing or extra for its op.
+func (e *CVREvent) Validate() error {
 	n := 0
 	for _, set := range []bool{e.Snapshot != nil, e.Instance != nil, e.ClientSchema != nil, e.Client != nil,
 		e.Query != nil, e.Got != nil, e.Desire != nil, e.Row != nil, e.Rows != nil} {

@@ -1,7 +1,6 @@
 package cvrstore
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -48,17 +47,15 @@ func encodeUpdate(hdr streams.CVRMessage, events []streams.CVREvent, maxBytes in
 		}
 		start := len(buf)
 		var ok bool
-		switch e.Op {
-		case streams.CVROpPutRow:
-			if err := checkRowEvent(e); err != nil {
+		if e.Op == streams.CVROpPutRow || e.Op == streams.CVROpPutRows {
+			if err := e.Validate(); err != nil {
 				return nil, nil, fmt.Errorf("%w: cvr event %d: %v", streams.ErrMalformed, i, err)
 			}
-			buf, ok = appendRowEvent(buf, e.Row)
-		case streams.CVROpPutRows:
-			if err := checkRowsEvent(e); err != nil {
-				return nil, nil, fmt.Errorf("%w: cvr event %d: %v", streams.ErrMalformed, i, err)
+			if e.Op == streams.CVROpPutRow {
+				buf, ok = appendRowEvent(buf, e.Row)
+			} else {
+				buf, ok = appendRowsEvent(buf, e.Rows)
 			}
-			buf, ok = appendRowsEvent(buf, e.Rows)
 		}
 		if !ok {
 			buf = buf[:start]
@@ -155,35 +152,6 @@ func encodeEvent(group string, e *streams.CVREvent) ([]byte, error) {
 	return json.Marshal(e)
 }
 
-// checkRowEvent is the contract's check of a put-row event.
-func checkRowEvent(e *streams.CVREvent) error {
-	if e.Row == nil || e.Snapshot != nil || e.Instance != nil || e.ClientSchema != nil || e.Client != nil ||
-		e.Query != nil || e.Got != nil || e.Desire != nil || e.Row.Table == "" {
-		return fmt.Errorf("op %q: missing or extra fields", e.Op)
-	}
-	k := bytes.TrimLeft(e.Row.Key, " \t\r\n")
-	if len(k) == 0 || k[0] != '{' || !json.Valid(k) {
-		return fmt.Errorf("op %q: missing or extra fields", e.Op)
-	}
-	return nil
-}
-
-// checkRowsEvent is the contract's check of a put-rows event.
-func checkRowsEvent(e *streams.CVREvent) error {
-	r := e.Rows
-	if r == nil || e.Row != nil || e.Snapshot != nil || e.Instance != nil || e.ClientSchema != nil || e.Client != nil ||
-		e.Query != nil || e.Got != nil || e.Desire != nil || r.Table == "" || len(r.Keys) == 0 || len(r.Keys) != len(r.RowVersions) {
-		return fmt.Errorf("op %q: missing or extra fields", e.Op)
-	}
-	for _, key := range r.Keys {
-		k := bytes.TrimLeft(key, " \t\r\n")
-		if len(k) == 0 || k[0] != '{' || !json.Valid(k) {
-			return fmt.Errorf("op %q: missing or extra fields", e.Op)
-		}
-	}
-	return nil
-}
-
 // appendRowsEvent appends r's put-rows event as encoding/json writes it,
 // or reports false if a string or a key would need escaping or compacting.
 func appendRowsEvent(b []byte, r *streams.CVRRows) ([]byte, bool) {
@@ -193,11 +161,7 @@ func appendRowsEvent(b []byte, r *streams.CVRRows) ([]byte, bool) {
 	b = append(b, `{"op":"put-rows","rows":{"table":"`...)
 	b = append(b, r.Table...)
 	b = append(b, '"')
-	if r.PatchVersion != "" {
-		b = append(b, `,"patchVersion":"`...)
-		b = append(b, r.PatchVersion...)
-		b = append(b, '"')
-	}
+	b = appendOptString(b, "patchVersion", r.PatchVersion)
 	b = append(b, `,"refs":`...)
 	b, ok := appendRefs(b, r.Refs)
 	if !ok {
@@ -221,9 +185,7 @@ func appendRowsEvent(b []byte, r *streams.CVRRows) ([]byte, bool) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, '"')
-		b = append(b, v...)
-		b = append(b, '"')
+		b = append(append(append(b, '"'), v...), '"')
 	}
 	return append(b, "]}}"...), true
 }
@@ -238,22 +200,24 @@ func appendRowEvent(b []byte, r *streams.CVRRow) ([]byte, bool) {
 	b = append(b, r.Table...)
 	b = append(b, `","key":`...)
 	b = append(b, r.Key...)
-	if r.RowVersion != "" {
-		b = append(b, `,"rowVersion":"`...)
-		b = append(b, r.RowVersion...)
-		b = append(b, '"')
-	}
-	if r.PatchVersion != "" {
-		b = append(b, `,"patchVersion":"`...)
-		b = append(b, r.PatchVersion...)
-		b = append(b, '"')
-	}
+	b = appendOptString(b, "rowVersion", r.RowVersion)
+	b = appendOptString(b, "patchVersion", r.PatchVersion)
 	b = append(b, `,"refs":`...)
 	b, ok := appendRefs(b, r.Refs)
 	if !ok {
 		return b, false
 	}
 	return append(b, "}}"...), true
+}
+
+// appendOptString appends the plain string field name as encoding/json
+// writes it with omitempty: nothing when v is empty.
+func appendOptString(b []byte, name, v string) []byte {
+	if v == "" {
+		return b
+	}
+	b = append(append(append(b, `,"`...), name...), `":"`...)
+	return append(append(b, v...), '"')
 }
 
 // appendRefs appends a row's refs as encoding/json writes a map[string]int

@@ -219,13 +219,9 @@ func (a *applier) putRows(evs []streams.CVREvent) error {
 		args = args[:0]
 		for _, e := range evs[:n] {
 			r := e.Row
-			var refs any
-			if r.Refs != nil {
-				b, err := refsJSON(r.Refs)
-				if err != nil {
-					return err
-				}
-				refs = b
+			refs, err := refsArg(r.Refs)
+			if err != nil {
+				return err
 			}
 			args = append(args, a.group, r.Table, rawText(r.Key), r.RowVersion, r.PatchVersion, refs)
 		}
@@ -239,13 +235,9 @@ func (a *applier) putRows(evs []streams.CVREvent) error {
 
 // putRowsShared applies a put-rows event, putRowsMax rows per statement.
 func (a *applier) putRowsShared(r *streams.CVRRows) error {
-	var refs any
-	if r.Refs != nil {
-		b, err := refsJSON(r.Refs)
-		if err != nil {
-			return err
-		}
-		refs = b
+	refs, err := refsArg(r.Refs)
+	if err != nil {
+		return err
 	}
 	args := make([]any, 0, 6*min(len(r.Keys), putRowsMax))
 	for from := 0; from < len(r.Keys); from += putRowsMax {
@@ -280,6 +272,14 @@ func putRowsSQL(n int) string {
 	}
 	putRowsSQLs.Store(n, b.String())
 	return b.String()
+}
+
+// refsArg is the refs column's value: NULL for a tombstone.
+func refsArg(refs map[string]int) (any, error) {
+	if refs == nil {
+		return nil, nil
+	}
+	return refsJSON(refs)
 }
 
 // refsJSON is refs as encoding/json writes it (keys sorted), by hand for

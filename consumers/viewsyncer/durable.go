@@ -263,7 +263,8 @@ func sameDesire(a, b streams.CVRDesire) bool {
 // rowEvents are the events for the rows the update touched and changed.
 // A row deleted from the CVR was never sent, nor written. Consecutive rows
 // that share their table, patch version and refs, as a hydration's do, go
-// as put-rows events: about a fifth of the bytes of their put-rows one by one.
+// as put-rows events: ~32 bytes a row against ~145 for a put-row each
+// (go run ./bench/cvr prints the bytes per row).
 func rowEvents(c *cvr, u *update) ([]streams.CVREvent, error) {
 	all := u.reset
 	ids := u.rowOrder

@@ -767,13 +767,14 @@ func (g *group) finishRows(u *update) error {
 	for _, id := range u.rowOrder {
 		st, rec := u.rowStart[id], g.cvr.rows[id]
 		live := len(rec.refs) > 0
-		if !live || !putNeeded(st, rec, u.compare) {
+		put := live && putNeeded(st, rec, u.compare)
+		if !put {
 			if _, ok := u.stream.sentRows()[id]; ok {
 				return fmt.Errorf("row %q was streamed as a put but is not one", id)
 			}
 		}
 		switch {
-		case live && putNeeded(st, rec, u.compare):
+		case put:
 			rec.patchVersion = u.v()
 			u.rows = append(u.rows, id)
 		case !live && st.live:

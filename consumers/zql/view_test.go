@@ -534,6 +534,9 @@ func TestView_HydrateEach(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+		if len(got.Values) != len(want.Values) {
+			t.Fatalf("%s: rows of %d tables, want %d", rec.ID, len(got.Values), len(want.Values))
+		}
 		for table, rows := range want.Values {
 			if len(got.Values[table]) != len(rows) {
 				t.Fatalf("%s: %s: %d rows, want %d", rec.ID, table, len(got.Values[table]), len(rows))

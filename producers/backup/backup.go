@@ -171,7 +171,6 @@ type Producer struct {
 	started      time.Time
 	last         *streams.Snapshot // newest snapshot this process uploaded
 	lastAt       time.Time
-	rows         int64                       // rows in the copy in hand
 	verified     map[string]streams.Snapshot // objects whose digest was checked
 	bad          map[string]bool             // objects that failed it
 	newest       *streams.Snapshot           // newest verified

@@ -65,11 +65,18 @@ func (p *Producer) Snapshot(ctx context.Context, force bool) (streams.Snapshot, 
 		p.metrics.snapshots.WithLabelValues("error").Inc()
 		return streams.Snapshot{}, err
 	}
+	// Counted only for a snapshot that is uploaded: a replica that has
+	// not moved is copied at each tick, and counting reads every table.
+	rows, err := countRows(ctx, tmp)
+	if err != nil {
+		p.metrics.snapshots.WithLabelValues("error").Inc()
+		return streams.Snapshot{}, fmt.Errorf("snapshot: copy: %w", err)
+	}
 	s := streams.Snapshot{
 		Name: name, ReplicaVersion: st.ReplicaVersion, Watermark: st.Watermark, StreamSeq: st.StreamSeq,
 		WriteTimeMs: st.WriteTimeMs, SHA256: sum, Size: size, TakenAt: p.cfg.Now().UTC(),
 	}
-	if err := p.upload(ctx, tmp, s); err != nil {
+	if err := p.upload(ctx, tmp, s, rows); err != nil {
 		p.metrics.snapshots.WithLabelValues("error").Inc()
 		return streams.Snapshot{}, err
 	}
@@ -85,7 +92,7 @@ func (p *Producer) Snapshot(ctx context.Context, force bool) (streams.Snapshot, 
 	p.metrics.snapshotBytes.Set(float64(size))
 	p.metrics.snapshotTime.Observe(time.Since(t0).Seconds())
 	p.log.Info("snapshot uploaded", "snapshot", name, "seq", s.StreamSeq, "watermark", s.Watermark,
-		"bytes", size, "rows", p.rows, "took", time.Since(t0).Round(time.Millisecond))
+		"bytes", size, "rows", rows, "took", time.Since(t0).Round(time.Millisecond))
 	if err := p.prune(ctx); err != nil {
 		p.log.Warn("prune old snapshots", "err", err)
 	}
@@ -137,16 +144,16 @@ func (p *Producer) copyReplica(ctx context.Context) (string, replica.State, erro
 	if st.ReplicaVersion == "" {
 		return tmp, st, ErrNoReplica
 	}
-	rows, err := countRows(ctx, cp)
-	if err != nil {
-		return tmp, st, fmt.Errorf("snapshot: copy: %w", err)
-	}
-	p.rows = rows
 	return tmp, st, nil
 }
 
 // countRows counts the rows of the replicated tables in a snapshot copy.
-func countRows(ctx context.Context, db *sql.DB) (int64, error) {
+func countRows(ctx context.Context, file string) (int64, error) {
+	db, err := sql.Open("sqlite", "file:"+file+"?mode=ro")
+	if err != nil {
+		return 0, fmt.Errorf("count rows: %w", err)
+	}
+	defer db.Close()
 	rows, err := db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'
 		AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name NOT LIKE '\_zero.%' ESCAPE '\' AND name NOT LIKE '\_jetsync.%' ESCAPE '\'`)
 	if err != nil {
@@ -203,7 +210,7 @@ const chunkSize = 1 << 20
 // up), with at most uploadInFlight chunks unacknowledged. The object
 // becomes visible only once its info is stored, after every chunk was
 // acknowledged; a failed upload's chunks are purged.
-func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) error {
+func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot, rows int64) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return fmt.Errorf("upload: %w", err)
@@ -283,7 +290,7 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) 
 		ObjectMeta: jetstream.ObjectMeta{
 			Name:        s.Name,
 			Description: "jetsync replica snapshot at watermark " + s.Watermark,
-			Metadata:    metadata(s, p.rows),
+			Metadata:    metadata(s, rows),
 			Opts:        &jetstream.ObjectMetaOptions{ChunkSize: chunkSize},
 		},
 		Bucket: bucket, NUID: nuid, Size: size, Chunks: chunks,

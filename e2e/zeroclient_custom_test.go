@@ -22,7 +22,6 @@ import (
 // built on the package's handleQueryRequest and handleMutateRequest.
 type apiServer struct {
 	url   string
-	p     *proc
 	stdin io.WriteCloser // closing it stops the server
 }
 
@@ -56,7 +55,7 @@ func startAPIServer(t *testing.T, node, upstream string) *apiServer {
 		if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.URL == "" {
 			t.Fatalf("api-server said %q", l)
 		}
-		a := &apiServer{url: ev.URL, p: p, stdin: stdin}
+		a := &apiServer{url: ev.URL, stdin: stdin}
 		t.Cleanup(func() { a.stdin.Close() })
 		return a
 	case <-time.After(30 * time.Second):

@@ -86,12 +86,12 @@ var topologies = []topology{
 
 // result is what one topology measured.
 type result struct {
-	ready                  time.Duration // change-streamer start → the client has its query
-	clientP50, clientP99   time.Duration
-	streamP50, streamP99   time.Duration
-	txRate, pgDuringRate   float64
-	commits                int64
-	latencyN, latencyQuery int
+	ready                time.Duration // change-streamer start → the client has its query
+	clientP50, clientP99 time.Duration
+	streamP50, streamP99 time.Duration
+	txRate, pgDuringRate float64
+	commits              int64
+	latencyN             int
 }
 
 func run(o options) error {

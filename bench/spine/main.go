@@ -338,14 +338,6 @@ func poll(ctx context.Context, t0 time.Time, limit time.Duration, f func() (bool
 	}
 }
 
-// load runs single-row UPDATE transactions from n clients for d and returns
-// commits per second.
-func load(ctx context.Context, pool *pgxpool.Pool, ids []string, n int, d time.Duration) (float64, error) {
-	start := time.Now()
-	c, err := benchenv.LoadCount(ctx, pool, ids, n, d)
-	return float64(c) / time.Since(start).Seconds(), err
-}
-
 func drainUpdates(sub *replica.Subscription) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

@@ -82,10 +82,9 @@ type group struct {
 	cc    *authManager
 	maint chan struct{}
 	// pusher forwards custom mutations, one request at a time; nil until
-	// the first push. stopPush ends it, and pushDone is closed after.
+	// the first push. stopPush ends it.
 	pusher   *appapi.Pusher
 	stopPush context.CancelFunc
-	pushDone chan struct{}
 	// counted is what the group adds to the queries and rows gauges.
 	countedQueries, countedRows int
 }

@@ -164,10 +164,8 @@ func (g *group) pusherLocked() *appapi.Pusher {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := g.s.api.NewPusher(0, g.pushed)
-	done := make(chan struct{})
-	g.pusher, g.stopPush, g.pushDone = p, cancel, done
+	g.pusher, g.stopPush = p, cancel
 	g.s.bg.Go(func() {
-		defer close(done)
 		if err := p.Run(ctx); err != nil {
 			g.log.Error("pusher", "err", err)
 		}

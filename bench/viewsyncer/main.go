@@ -187,6 +187,9 @@ func run(o options) error {
 		for deadline := time.Now().Add(time.Minute); js.metric("zero_sync_queries") > 0 && time.Now().Before(deadline); {
 			time.Sleep(100 * time.Millisecond)
 		}
+		if n := js.metric("zero_sync_queries"); n != 0 {
+			fmt.Printf("warning: the latency is measured with %v queries of other groups loaded\n", n)
+		}
 		l, err := measureLatency(ctx, js.base, up.url, newQueries(o.issues), strings.Split(o.latQs, ","), o.updates, o.rate)
 		if err != nil {
 			return fmt.Errorf("latency: %w", err)

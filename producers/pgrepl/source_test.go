@@ -1062,24 +1062,7 @@ func initialSyncUnderOpenTransactions(t *testing.T) {
 		if rv != u.ReplicaVersion {
 			t.Fatalf("stream's last reset is %s; want %s", rv, u.ReplicaVersion)
 		}
-		got = got[:0]
-		for _, tx := range txs {
-			for _, c := range tx.changes {
-				switch {
-				case c.table == "a" && c.Op == streams.OpBackfill:
-					for _, row := range c.Rows {
-						var id int
-						json.Unmarshal(row[slices.Index(c.Columns, "id")], &id)
-						got = append(got, id)
-					}
-				case c.table == "a" && c.Op == streams.OpInsert:
-					var id int
-					json.Unmarshal(c.New["id"], &id)
-					got = append(got, id)
-				}
-			}
-		}
-		slices.Sort(got)
+		got = rowIDs(txs, "a")
 		if len(got) >= len(want) || time.Now().After(deadline) {
 			break
 		}

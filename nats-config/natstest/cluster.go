@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,7 +65,7 @@ func FreePort(t testing.TB) int {
 
 // ephemeralLow is the first port of the kernel's ephemeral range, or 0
 // when it can't be read.
-func ephemeralLow() int {
+var ephemeralLow = sync.OnceValue(func() int {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		return 0
@@ -75,7 +76,7 @@ func ephemeralLow() int {
 	}
 	n, _ := strconv.Atoi(f[0])
 	return n
-}
+})
 
 // StartCluster runs nats-config/cluster/node{1,2,3}.conf with the client
 // and cluster listeners moved to free 127.0.0.1 ports, the routes between

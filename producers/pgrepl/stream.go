@@ -264,15 +264,13 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 						return err
 					}
 				} else {
-					st.pos.Store(uint64(pub.confirmed))
-					s.m.confirmed.Set(float64(pub.confirmed))
+					st.record(pub.confirmed, s.m)
 				}
 			}
 		case err := <-errc:
 			return pub.failed(err)
 		case <-ticker.C:
-			st.pos.Store(uint64(pub.confirmed))
-			s.m.confirmed.Set(float64(pub.confirmed))
+			st.record(pub.confirmed, s.m)
 			if err := st.ping(); err != nil {
 				return err
 			}
@@ -295,9 +293,14 @@ type status struct {
 
 // set records the confirmed LSN and sends it.
 func (st *status) set(lsn pglogrepl.LSN, m *metrics) error {
+	st.record(lsn, m)
+	return st.send()
+}
+
+// record records the confirmed LSN for the next status update.
+func (st *status) record(lsn pglogrepl.LSN, m *metrics) {
 	st.pos.Store(uint64(lsn))
 	m.confirmed.Set(float64(lsn))
-	return st.send()
 }
 
 func (st *status) send() error { return st.sendUpdate(false) }

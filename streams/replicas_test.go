@@ -28,6 +28,9 @@ func ensureAll(t *testing.T, js jetstream.JetStream, producer, others Config) {
 			t.Fatal(err)
 		}
 		t.Logf("retrying: %v", err)
+		// An error that comes back at once (no responders) would
+		// otherwise spin.
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -100,12 +100,7 @@ func (l list) String() string {
 }
 
 func (l list) Set(v string) error {
-	*l.v = nil
-	for _, p := range strings.Split(v, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			*l.v = append(*l.v, p)
-		}
-	}
+	*l.v = appapi.SplitList(v)
 	return nil
 }
 

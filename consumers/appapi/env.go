@@ -54,7 +54,7 @@ func LoadEnv(getenv func(string) string) (Config, error) {
 			}
 			return v
 		}
-		e.URLs = splitList(get("URL"))
+		e.URLs = SplitList(get("URL"))
 		e.APIKey = get("API_KEY")
 		if v := get("FORWARD_COOKIES"); v != "" {
 			b, err := parseBool(v)
@@ -63,8 +63,8 @@ func LoadEnv(getenv func(string) string) (Config, error) {
 			}
 			e.ForwardCookies = b
 		}
-		e.AllowedClientHeaders = splitList(get("ALLOWED_CLIENT_HEADERS"))
-		e.AllowedRequestHeaders = splitList(get("ALLOWED_REQUEST_HEADERS"))
+		e.AllowedClientHeaders = SplitList(get("ALLOWED_CLIENT_HEADERS"))
+		e.AllowedRequestHeaders = SplitList(get("ALLOWED_REQUEST_HEADERS"))
 		return e, set, nil
 	}
 	query, _, err := section("ZERO_QUERY_")
@@ -122,7 +122,9 @@ func LoadEnv(getenv func(string) string) (Config, error) {
 	return cfg, nil
 }
 
-func splitList(s string) []string {
+// SplitList splits a comma-separated setting, trimming each item and
+// dropping empty ones.
+func SplitList(s string) []string {
 	if s == "" {
 		return nil
 	}

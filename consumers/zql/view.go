@@ -141,15 +141,12 @@ func (v *View) hydration(ctx context.Context, q Querier) *hydration {
 
 // Hydrate evaluates the query from scratch on q and returns every row.
 func (v *View) Hydrate(ctx context.Context, q Querier) (*Result, error) {
-	v.reset()
-	h := v.hydration(ctx, q)
-	if err := v.build(h, nil); err != nil {
-		v.ready = false
+	n, err := v.HydrateEach(ctx, q, nil)
+	if err != nil {
 		return nil, err
 	}
-	v.ready = true
 	res := v.Result()
-	res.RowsRead = h.rowsRead
+	res.RowsRead = n
 	return res, nil
 }
 

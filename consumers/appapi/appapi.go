@@ -202,6 +202,14 @@ func New(cfg Config) (*Client, error) {
 // Config returns the configuration with defaults applied.
 func (c *Client) Config() Config { return c.cfg }
 
+// QueryConfigured reports whether c has a query endpoint; a nil Client has
+// none.
+func (c *Client) QueryConfigured() bool { return c != nil && c.cfg.Query.Configured() }
+
+// MutateConfigured reports whether c has a mutate endpoint; a nil Client
+// has none.
+func (c *Client) MutateConfigured() bool { return c != nil && c.cfg.Mutate.Configured() }
+
 // QueryAllowed reports whether a userQueryURL may be used.
 func (c *Client) QueryAllowed(rawURL string) bool { return matchAny(c.query, rawURL) }
 

@@ -196,7 +196,7 @@ func (s *Server) authenticate(ctx context.Context, token, userID string, connect
 // opaqueTokens reports whether tokens may be opaque without a key: the API
 // server, at both endpoints, is then their authority (server-model.md §10.1).
 func (s *Server) opaqueTokens() bool {
-	return s.api != nil && s.api.Config().Query.Configured() && s.api.Config().Mutate.Configured()
+	return s.api.QueryConfigured() && s.api.MutateConfigured()
 }
 
 func authError(kind, msg string) *protocolError {

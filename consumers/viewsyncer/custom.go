@@ -62,7 +62,7 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*connctx.
 	if len(qs) == 0 {
 		return nil, nil
 	}
-	if g.s.api == nil || !g.s.api.Config().Query.Configured() {
+	if !g.s.api.QueryConfigured() {
 		g.log.Warn("Custom/named queries were requested but no `ZERO_QUERY_URL` is configured for Zero Cache.")
 		return nil, nil
 	}

@@ -78,7 +78,7 @@ func (g *group) push(c *conn, body *appapi.PushBody) error {
 	if body.Mutations[0].Type != "custom" {
 		return newProtocolError(kindInvalidPush, "Support for legacy CRUD mutations is disabled")
 	}
-	if g.s.api == nil || !g.s.api.Config().Mutate.Configured() {
+	if !g.s.api.MutateConfigured() {
 		return newProtocolError(kindInvalidPush, "A ZERO_MUTATE_URL must be set in order to process custom mutations.")
 	}
 	unlock := g.lock()
@@ -107,7 +107,7 @@ func (g *group) push(c *conn, body *appapi.PushBody) error {
 // results up to the acknowledged one; the deletes come back as
 // mutationsPatch dels (sync-protocol.md §4.6).
 func (g *group) ackMutationResponses(c *conn, id *appapi.MutationID) error {
-	if g.s.api == nil || !g.s.api.Config().Mutate.Configured() {
+	if !g.s.api.MutateConfigured() {
 		return nil
 	}
 	arg := map[string]any{"type": "single", "clientGroupID": g.id, "clientID": id.ClientID, "upToMutationID": id.ID}
@@ -116,7 +116,7 @@ func (g *group) ackMutationResponses(c *conn, id *appapi.MutationID) error {
 
 // cleanupClients asks the API server to delete deleted clients' results.
 func (g *group) cleanupClients(c *conn, ids []string) error {
-	if len(ids) == 0 || g.s.api == nil || !g.s.api.Config().Mutate.Configured() {
+	if len(ids) == 0 || !g.s.api.MutateConfigured() {
 		return nil
 	}
 	arg := map[string]any{"type": "bulk", "clientGroupID": g.id, "clientIDs": ids}

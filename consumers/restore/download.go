@@ -340,15 +340,20 @@ func (p *progress) add(n int) {
 	p.m.downloaded.Add(float64(n))
 	if now := time.Now(); now.Sub(p.last) >= p.every {
 		p.last = now
-		el := now.Sub(p.start).Seconds()
-		rate := float64(p.n) / max(el, 1e-9)
-		eta := time.Duration(float64(p.total-p.n) / max(rate, 1) * float64(time.Second))
+		rate, eta := rateETA(float64(p.n), float64(p.total-p.n), now.Sub(p.start))
 		rows := p.rowsDone()
 		p.m.eta.Set(eta.Seconds())
 		p.m.rows.Set(float64(rows))
 		p.log.Info("restore progress", "bytes", p.n, "total", p.total, "rows", rows, "total_rows", p.rows,
 			"mb_per_s", fmt.Sprintf("%.1f", rate/1e6), "eta", eta.Round(time.Second))
 	}
+}
+
+// rateETA is the rate of done units over el, and the time left at that
+// rate for left more.
+func rateETA(done, left float64, el time.Duration) (rate float64, eta time.Duration) {
+	rate = done / max(el.Seconds(), 1e-9)
+	return rate, time.Duration(left / max(rate, 1) * float64(time.Second))
 }
 
 func (p *progress) rowsDone() int64 {

@@ -576,8 +576,7 @@ func (h *Hold) EndWhenCaughtUp(ctx context.Context, f Follower) error {
 		m.catchUpLeft.Set(float64(left))
 		if now := time.Now(); now.Sub(last) >= h.r.cfg.ProgressEvery {
 			last = now
-			rate := float64(seq-from) / max(now.Sub(t0).Seconds(), 1e-9)
-			eta := time.Duration(float64(left) / max(rate, 1) * float64(time.Second))
+			rate, eta := rateETA(float64(seq-from), float64(left), now.Sub(t0))
 			m.catchUpETA.Set(eta.Seconds())
 			h.r.log.Info("catch-up progress", "seq", seq, "target", target, "messages_left", left,
 				"msgs_per_s", fmt.Sprintf("%.0f", rate), "eta", eta.Round(time.Second))

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -124,19 +123,17 @@ func holdProducerRole(ctx context.Context, rl role, js jetstream.JetStream, scfg
 		return ctx, nil, nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	var lost atomic.Bool
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if lease.Run(ctx) != nil { // only a *producerrole.LostError, logged by Run
-			lost.Store(true)
 			cancel()
 		}
 	}()
 	release := func(errp *error) {
 		cancel()
 		<-done
-		if lost.Load() {
+		if lease.Check() != nil {
 			rl.log.Info("change-streamer stopped: it lost the producer role")
 			*errp = nil
 			return

@@ -138,53 +138,54 @@ func Acquire(ctx context.Context, kv jetstream.KeyValue, cfg Config) (*Lease, er
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return nil, fmt.Errorf("role: instance id: %w", err)
 	}
-	now := time.Now()
 	l := &Lease{
 		cfg: cfg,
 		kv:  kv,
 		log: cfg.Logger.With("component", "producer-role"),
-		rec: streams.Producer{TaskID: cfg.TaskID, Instance: hex.EncodeToString(nonce[:]), Started: now, Expires: now.Add(cfg.TTL)},
+		rec: streams.Producer{TaskID: cfg.TaskID, Instance: hex.EncodeToString(nonce[:]), Started: time.Now()},
 	}
 	settle := time.Now().Add(settleTime)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		prev, rev, err := read(ctx, kv)
+		prev, rev, err := l.take(ctx)
 		if noResponders(err) && time.Now().Before(settle) {
 			// A bucket just created on a cluster answers direct gets
-			// only once its replicas are up.
+			// and writes only once its replicas are up.
 			attempt--
 			if err := pause(ctx); err != nil {
 				return nil, err
 			}
 			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		l.rec.Expires = time.Now().Add(cfg.TTL)
-		b, _ := json.Marshal(l.rec)
-		if rev == 0 {
-			rev, err = kv.Create(ctx, streams.KeyProducer, b)
-		} else {
-			rev, err = kv.Update(ctx, streams.KeyProducer, b, rev)
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue // another starter wrote first: take it from that one
 		}
-		if noResponders(err) && time.Now().Before(settle) {
-			attempt--
-			if err := pause(ctx); err != nil {
-				return nil, err
-			}
-			continue
-		}
 		if err != nil {
-			return nil, fmt.Errorf("role: take %s: %w", streams.KeyProducer, err)
+			return nil, err
 		}
 		l.rev, l.prev = rev, prev
 		l.logTaken(prev)
 		return l, nil
 	}
 	return nil, fmt.Errorf("role: take %s: lost %d races to other change-streamers", streams.KeyProducer, maxAttempts)
+}
+
+// take reads the record and writes the lease's over it, revision-checked.
+func (l *Lease) take(ctx context.Context) (*streams.Producer, uint64, error) {
+	prev, rev, err := read(ctx, l.kv)
+	if err != nil {
+		return nil, 0, err
+	}
+	l.rec.Expires = time.Now().Add(l.cfg.TTL)
+	b, _ := json.Marshal(l.rec)
+	if rev == 0 {
+		rev, err = l.kv.Create(ctx, streams.KeyProducer, b)
+	} else {
+		rev, err = l.kv.Update(ctx, streams.KeyProducer, b, rev)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("role: take %s: %w", streams.KeyProducer, err)
+	}
+	return prev, rev, nil
 }
 
 func (l *Lease) logTaken(prev *streams.Producer) {

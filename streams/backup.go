@@ -19,6 +19,13 @@ import (
 // SnapshotBucket is the object store holding replica snapshots.
 func (s Shard) SnapshotBucket() string { return "jetsync_" + s.ID() + "_snapshots" }
 
+// SnapshotChunks is the subject of the chunks of the snapshot object whose
+// NUID is nuid, as JetStream's object store names them; with nuid "" it is
+// the prefix of every object's chunk subject.
+func (s Shard) SnapshotChunks(nuid string) string {
+	return "$O." + s.SnapshotBucket() + ".C." + nuid
+}
+
 // BackupBucket is the KV bucket holding the backup's claimed progress
 // (KeyBackupClaimed) and its newest verified snapshot (KeyBackupVerified).
 func (s Shard) BackupBucket() string { return "jetsync_" + s.ID() + "_backup" }

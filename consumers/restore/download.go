@@ -130,7 +130,7 @@ func (r *Restorer) fetch(ctx context.Context, info *jetstream.ObjectInfo, f *os.
 	}
 	bucket := r.cfg.Shard.SnapshotBucket()
 	oc, err := r.js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{"$O." + bucket + ".C." + info.NUID},
+		FilterSubjects: []string{r.cfg.Shard.SnapshotChunks(info.NUID)},
 	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("read chunks: %w", err)

@@ -149,7 +149,7 @@ func (p *Producer) readChunks(ctx context.Context, info *jetstream.ObjectInfo, w
 	}
 	bucket := p.cfg.Shard.SnapshotBucket()
 	oc, err := p.js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{"$O." + bucket + ".C." + info.NUID},
+		FilterSubjects: []string{p.cfg.Shard.SnapshotChunks(info.NUID)},
 	})
 	if err != nil {
 		return 0, err

@@ -239,7 +239,7 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot, 
 	var id [12]byte
 	rand.Read(id[:])
 	nuid := hex.EncodeToString(id[:])
-	chunkSubj := "$O." + bucket + ".C." + nuid
+	chunkSubj := p.cfg.Shard.SnapshotChunks(nuid)
 	purge := func() {
 		if st, err := p.js.Stream(context.WithoutCancel(ctx), "OBJ_"+bucket); err == nil {
 			_ = st.Purge(context.WithoutCancel(ctx), jetstream.WithPurgeSubject(chunkSubj))
@@ -304,7 +304,7 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot, 
 	}
 	if old != nil && !old.Deleted {
 		if st, err := p.js.Stream(ctx, "OBJ_"+bucket); err == nil {
-			_ = st.Purge(ctx, jetstream.WithPurgeSubject("$O."+bucket+".C."+old.NUID))
+			_ = st.Purge(ctx, jetstream.WithPurgeSubject(p.cfg.Shard.SnapshotChunks(old.NUID)))
 		}
 	}
 	return nil
@@ -406,7 +406,7 @@ func (p *Producer) removeOrphanChunks(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("orphan chunks: %w", err)
 	}
-	prefix := "$O." + bucket + ".C."
+	prefix := p.cfg.Shard.SnapshotChunks("")
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
 		return 0, fmt.Errorf("orphan chunks: %w", err)

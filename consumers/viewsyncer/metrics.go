@@ -1,9 +1,9 @@
 package viewsyncer
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetsync/jetsync/internal/promreg"
 )
 
 type metrics struct {
@@ -114,17 +114,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Custom mutations forwarded to the mutate endpoint (zero.mutation.custom).",
 		}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.connections, m.pokes, m.advances, m.closedSlow, m.hydrations, m.fallbacks, m.rowsRead,
-		m.lockWait, m.pipelineResets, m.transformations, m.transformTime, m.transformHashChanges, m.transformNoOps,
-		m.queries, m.rows, m.groupQueries, m.groupRows, m.pushes, m.customMutations} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, err
-			}
+	// A second Server on the same registry (tests, an in-process restart)
+	// counts into the collectors registered first.
+	for _, err := range []error{
+		promreg.Register(reg, &m.connections, &m.queries, &m.rows),
+		promreg.Register(reg, &m.pokes, &m.advances, &m.closedSlow, &m.hydrations, &m.fallbacks, &m.rowsRead,
+			&m.transformHashChanges, &m.transformNoOps, &m.pushes, &m.customMutations),
+		promreg.Register(reg, &m.lockWait, &m.transformTime, &m.groupQueries, &m.groupRows),
+		promreg.Register(reg, &m.pipelineResets, &m.transformations),
+	} {
+		if err != nil {
+			return nil, err
 		}
 	}
 	return m, nil

@@ -162,8 +162,11 @@ func (c *Client) CleanupResults(ctx context.Context, r CleanupRequest, clientID 
 	if !c.cfg.Mutate.Configured() && r.URL == "" {
 		return nil
 	}
-	arg := map[string]any{"type": "single", "clientGroupID": r.ClientGroupID, "clientID": clientID, "upToMutationID": upTo}
-	return c.cleanup(ctx, r, clientID, arg, fmt.Sprintf("cleanup-%s-%s-%d", r.ClientGroupID, clientID, upTo))
+	body, err := c.CleanupResultsBody(r.ClientGroupID, clientID, upTo)
+	if err != nil {
+		return err
+	}
+	return c.pushCleanup(ctx, r, body)
 }
 
 // CleanupClients asks the API server to delete the mutation results of
@@ -172,27 +175,47 @@ func (c *Client) CleanupClients(ctx context.Context, r CleanupRequest, clientIDs
 	if len(clientIDs) == 0 || !c.cfg.Mutate.Configured() && r.URL == "" {
 		return nil
 	}
-	arg := map[string]any{"type": "bulk", "clientGroupID": r.ClientGroupID, "clientIDs": clientIDs}
-	ms := c.now().UnixMilli()
-	return c.cleanup(ctx, r, clientIDs[0], arg, "cleanup-bulk-"+r.ClientGroupID+"-"+strconv.FormatInt(ms, 10))
+	body, err := c.CleanupClientsBody(r.ClientGroupID, clientIDs)
+	if err != nil {
+		return err
+	}
+	return c.pushCleanup(ctx, r, body)
 }
 
-func (c *Client) cleanup(ctx context.Context, r CleanupRequest, clientID string, arg any, requestID string) error {
+func (c *Client) pushCleanup(ctx context.Context, r CleanupRequest, body PushBody) error {
+	_, err := c.Push(ctx, PushRequest{Conn: r.Conn, URL: r.URL, Headers: r.Headers, Body: body})
+	return err
+}
+
+// CleanupResultsBody is the push of the mutation that deletes clientID's
+// results up to and including upTo.
+func (c *Client) CleanupResultsBody(group, clientID string, upTo int64) (PushBody, error) {
+	arg := map[string]any{"type": "single", "clientGroupID": group, "clientID": clientID, "upToMutationID": upTo}
+	return c.cleanupBody(group, clientID, arg, fmt.Sprintf("cleanup-%s-%s-%d", group, clientID, upTo))
+}
+
+// CleanupClientsBody is the push of the mutation that deletes the results
+// of the deleted clients, sent as the first of them.
+func (c *Client) CleanupClientsBody(group string, clientIDs []string) (PushBody, error) {
+	arg := map[string]any{"type": "bulk", "clientGroupID": group, "clientIDs": clientIDs}
+	ms := c.now().UnixMilli()
+	return c.cleanupBody(group, clientIDs[0], arg, "cleanup-bulk-"+group+"-"+strconv.FormatInt(ms, 10))
+}
+
+func (c *Client) cleanupBody(group, clientID string, arg any, requestID string) (PushBody, error) {
 	args, err := json.Marshal([]any{arg})
 	if err != nil {
-		return fmt.Errorf("encode cleanup: %w", err)
+		return PushBody{}, fmt.Errorf("encode cleanup: %w", err)
 	}
 	ts := float64(c.now().UnixMilli())
-	body := PushBody{
-		ClientGroupID: r.ClientGroupID,
+	return PushBody{
+		ClientGroupID: group,
 		Mutations: []Mutation{{Type: "custom", ID: 0, ClientID: clientID, Name: CleanupResultsMutation,
 			Args: args, Timestamp: ts}},
 		PushVersion: 1,
 		Timestamp:   ts,
 		RequestID:   requestID,
-	}
-	_, err = c.Push(ctx, PushRequest{Conn: r.Conn, URL: r.URL, Headers: r.Headers, Body: body})
-	return err
+	}, nil
 }
 
 // mutateResponse is a decoded mutate endpoint response.

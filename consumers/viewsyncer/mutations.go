@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"time"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
 )
@@ -110,8 +108,11 @@ func (g *group) ackMutationResponses(c *conn, id *appapi.MutationID) error {
 	if !g.s.api.MutateConfigured() {
 		return nil
 	}
-	arg := map[string]any{"type": "single", "clientGroupID": g.id, "clientID": id.ClientID, "upToMutationID": id.ID}
-	return g.cleanup(c, id.ClientID, arg, fmt.Sprintf("cleanup-%s-%s-%d", g.id, id.ClientID, id.ID))
+	body, err := g.s.api.CleanupResultsBody(g.id, id.ClientID, id.ID)
+	if err != nil {
+		return err
+	}
+	return g.cleanup(c, body)
 }
 
 // cleanupClients asks the API server to delete deleted clients' results.
@@ -119,15 +120,15 @@ func (g *group) cleanupClients(c *conn, ids []string) error {
 	if len(ids) == 0 || !g.s.api.MutateConfigured() {
 		return nil
 	}
-	arg := map[string]any{"type": "bulk", "clientGroupID": g.id, "clientIDs": ids}
-	return g.cleanup(c, ids[0], arg, fmt.Sprintf("cleanup-bulk-%s-%d", g.id, time.Now().UnixMilli()))
+	body, err := g.s.api.CleanupClientsBody(g.id, ids)
+	if err != nil {
+		return err
+	}
+	return g.cleanup(c, body)
 }
 
-func (g *group) cleanup(c *conn, clientID string, arg any, requestID string) error {
-	args, err := json.Marshal([]any{arg})
-	if err != nil {
-		return fmt.Errorf("encode cleanup: %w", err)
-	}
+// cleanup queues a cleanup push on c's behalf.
+func (g *group) cleanup(c *conn, body appapi.PushBody) error {
 	unlock := g.lock()
 	defer unlock()
 	if !g.current(c) || g.unloaded {
@@ -137,17 +138,8 @@ func (g *group) cleanup(c *conn, clientID string, arg any, requestID string) err
 	if err != nil {
 		return err
 	}
-	ts := float64(time.Now().UnixMilli())
-	body := appapi.PushBody{
-		ClientGroupID: g.id,
-		Mutations: []appapi.Mutation{{Type: "custom", ID: 0, ClientID: clientID, Name: appapi.CleanupResultsMutation,
-			Args: args, Timestamp: ts}},
-		PushVersion: 1,
-		Timestamp:   ts,
-		RequestID:   requestID,
-	}
 	err = g.pusherLocked().Enqueue(appapi.PushEntry{
-		Key:     appapi.PushKey{ClientID: cleanupKey, WSID: requestID},
+		Key:     appapi.PushKey{ClientID: cleanupKey, WSID: body.RequestID},
 		Request: appapi.PushRequest{Conn: c.apiConn(ac), URL: ac.Mutate.url, Headers: ac.Mutate.headers, Body: body},
 	})
 	if err != nil {

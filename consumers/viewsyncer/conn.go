@@ -353,15 +353,7 @@ func (c *conn) signal() {
 }
 
 // fail sends err and closes.
-func (c *conn) fail(err *protocolError) {
-	c.log.Debug("closing with error", "kind", err.Kind, "message", err.Message)
-	if b, e := encodeFrame("error", err); e == nil {
-		c.enqueue(b)
-	}
-	c.qmu.Lock()
-	defer c.qmu.Unlock()
-	c.setClosingLocked(err.closeCode, err.Message)
-}
+func (c *conn) fail(err *protocolError) { c.failErr(err) }
 
 func (c *conn) closeQuietly() {
 	c.qmu.Lock()

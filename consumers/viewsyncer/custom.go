@@ -2,7 +2,6 @@ package viewsyncer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -168,7 +167,7 @@ func errorFrame(err error) (body any, code int, message string) {
 func (c *conn) failErr(err error) {
 	body, code, msg := errorFrame(err)
 	c.log.Debug("closing with error", "err", err)
-	if b, e := json.Marshal([]any{"error", body}); e == nil {
+	if b, e := encodeFrame("error", body); e == nil {
 		c.enqueue(b)
 	}
 	c.qmu.Lock()

@@ -160,8 +160,7 @@ type Consumer struct {
 
 	// Owned by Run.
 	proc        *processor
-	kv          jetstream.KeyValue
-	kvRetry     time.Time
+	bucket      stateBucket
 	last        jetstream.Msg // last message handled, acked at commit
 	rebuiltFrom uint64        // reset seq the current rebuild started from
 	badReset    uint64        // a reset seq whose history has a gap
@@ -623,7 +622,7 @@ func (c *Consumer) start(ctx context.Context, stream jetstream.Stream) (seq uint
 // record.
 func (c *Consumer) upstream(ctx context.Context) (streams.Upstream, error) {
 	var up streams.Upstream
-	kv := c.bucket(ctx)
+	kv := c.bucket.get(ctx, c)
 	if kv == nil {
 		return up, nil
 	}
@@ -640,18 +639,25 @@ func (c *Consumer) upstream(ctx context.Context) (streams.Upstream, error) {
 	return up, nil
 }
 
-// bucket returns the state bucket, or nil if it does not exist (yet).
-func (c *Consumer) bucket(ctx context.Context) jetstream.KeyValue {
-	if c.kv != nil || time.Now().Before(c.kvRetry) {
-		return c.kv
+// stateBucket finds the shard's state bucket, looking again at most every
+// 10 s while it does not exist (yet). Each goroutine keeps its own.
+type stateBucket struct {
+	kv    jetstream.KeyValue
+	retry time.Time
+}
+
+// get returns the state bucket, or nil.
+func (b *stateBucket) get(ctx context.Context, c *Consumer) jetstream.KeyValue {
+	if b.kv != nil || time.Now().Before(b.retry) {
+		return b.kv
 	}
 	kv, err := c.js.KeyValue(ctx, c.cfg.Shard.StateBucket())
 	if err != nil {
-		c.kvRetry = time.Now().Add(10 * time.Second)
+		b.retry = time.Now().Add(10 * time.Second)
 		c.log.Debug("no state bucket", "err", err)
 		return nil
 	}
-	c.kv = kv
+	b.kv = kv
 	return kv
 }
 
@@ -674,8 +680,7 @@ func (c *Consumer) noteWatermark(wm string) {
 // one. It is best effort: the truth is in SQLite.
 func (c *Consumer) publishWatermarks(ctx context.Context) {
 	key := streams.KeyWatermark(sanitize(c.cfg.TaskID), sanitize(c.cfg.Name))
-	var kv jetstream.KeyValue
-	var retry time.Time
+	var state stateBucket
 	published := ""
 	put := func() {
 		c.wmMu.Lock()
@@ -686,17 +691,9 @@ func (c *Consumer) publishWatermarks(ctx context.Context) {
 		}
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
+		kv := state.get(pctx, c)
 		if kv == nil {
-			if time.Now().Before(retry) {
-				return
-			}
-			b, err := c.js.KeyValue(pctx, c.cfg.Shard.StateBucket())
-			if err != nil {
-				retry = time.Now().Add(10 * time.Second)
-				c.log.Debug("no state bucket", "err", err)
-				return
-			}
-			kv = b
+			return
 		}
 		if _, err := kv.PutString(pctx, key, wm); err != nil {
 			c.log.Debug("publish watermark", "err", err)

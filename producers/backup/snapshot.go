@@ -154,33 +154,7 @@ func countRows(ctx context.Context, file string) (int64, error) {
 		return 0, fmt.Errorf("count rows: %w", err)
 	}
 	defer db.Close()
-	rows, err := db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'
-		AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name NOT LIKE '\_zero.%' ESCAPE '\' AND name NOT LIKE '\_jetsync.%' ESCAPE '\'`)
-	if err != nil {
-		return 0, fmt.Errorf("count rows: %w", err)
-	}
-	var tables []string
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("count rows: %w", err)
-		}
-		tables = append(tables, t)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("count rows: %w", err)
-	}
-	var total int64
-	for _, t := range tables {
-		var n int64
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM "`+strings.ReplaceAll(t, `"`, `""`)+`"`).Scan(&n); err != nil {
-			return 0, fmt.Errorf("count rows of %s: %w", t, err)
-		}
-		total += n
-	}
-	return total, nil
+	return replica.CountRows(ctx, db)
 }
 
 func digest(file string) (string, int64, error) {

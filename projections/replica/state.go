@@ -95,25 +95,57 @@ func Wipe(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-func dropUserTables(ctx context.Context, tx *sql.Tx) error {
-	rows, err := tx.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'`)
+// TableLister is what UserTables reads with: a *sql.DB, *sql.Tx or
+// *sql.Conn.
+type TableLister interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// UserTables lists the replica's replicated tables, leaving out SQLite's,
+// zero's, jetsync's and litestream's own.
+func UserTables(ctx context.Context, q TableLister) ([]string, error) {
+	rows, err := q.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'`)
 	if err != nil {
-		return fmt.Errorf("list tables: %w", err)
+		return nil, fmt.Errorf("list tables: %w", err)
 	}
+	defer rows.Close()
 	var names []string
 	for rows.Next() {
 		var n string
 		if err := rows.Scan(&n); err != nil {
-			rows.Close()
-			return fmt.Errorf("list tables: %w", err)
+			return nil, fmt.Errorf("list tables: %w", err)
 		}
 		if !bookkeeping(n) {
 			names = append(names, n)
 		}
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("list tables: %w", err)
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	return names, nil
+}
+
+// CountRows counts the rows of the replica's replicated tables.
+func CountRows(ctx context.Context, db *sql.DB) (int64, error) {
+	tables, err := UserTables(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, t := range tables {
+		var n int64
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+quoteIdent(t)).Scan(&n); err != nil {
+			return 0, fmt.Errorf("count rows of %s: %w", t, err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+func dropUserTables(ctx context.Context, tx *sql.Tx) error {
+	names, err := UserTables(ctx, tx)
+	if err != nil {
+		return err
 	}
 	for _, n := range names {
 		if _, err := tx.ExecContext(ctx, "DROP TABLE "+quoteIdent(n)); err != nil {

@@ -71,12 +71,6 @@ const MetaProtect = "jetsync.protect"
 // never purged past its ack floor.
 const MetaReplica = "jetsync.replica"
 
-// MetaSnapshotRows is the snapshot object metadata key holding the rows the
-// replica's tables held when the snapshot was taken, so that a restore can
-// report its progress in rows; absent from snapshots taken before it was
-// recorded.
-const MetaSnapshotRows = "rows"
-
 // DefaultReservationTTL is how long a reservation or purge lock lives
 // without a heartbeat.
 const DefaultReservationTTL = 90 * time.Second
@@ -98,6 +92,9 @@ type Snapshot struct {
 	Size   int64  `json:"size"`
 	// TakenAt is when the snapshot was taken, by the producer's clock.
 	TakenAt time.Time `json:"takenAt"`
+	// Rows is how many rows the replica's tables held, for a restore's
+	// progress in rows; 0 when the snapshot predates it.
+	Rows int64 `json:"rows,omitempty"`
 	// ClaimedAt is when the producer finished uploading it (in claims and
 	// verified records only).
 	ClaimedAt time.Time `json:"claimedAt,omitzero"`
@@ -118,6 +115,7 @@ const (
 	metaSHA256         = "sha256"
 	metaSize           = "size"
 	metaTakenAt        = "taken-at"
+	metaRows           = "rows"
 )
 
 // Metadata is s as object metadata.
@@ -130,6 +128,7 @@ func (s Snapshot) Metadata() map[string]string {
 		metaSHA256:         s.SHA256,
 		metaSize:           strconv.FormatInt(s.Size, 10),
 		metaTakenAt:        s.TakenAt.UTC().Format(time.RFC3339Nano),
+		metaRows:           strconv.FormatInt(s.Rows, 10),
 	}
 }
 
@@ -145,6 +144,7 @@ func SnapshotFromInfo(info *jetstream.ObjectInfo) (Snapshot, error) {
 		return s, fmt.Errorf("%s: %w: stream seq %q", info.Name, ErrNotSnapshot, m[metaStreamSeq])
 	}
 	s.WriteTimeMs, _ = strconv.ParseInt(m[metaWriteTimeMs], 10, 64)
+	s.Rows, _ = strconv.ParseInt(m[metaRows], 10, 64) // absent from older snapshots
 	if s.Size, err = strconv.ParseInt(m[metaSize], 10, 64); err != nil {
 		return s, fmt.Errorf("%s: %w: size %q", info.Name, ErrNotSnapshot, m[metaSize])
 	}

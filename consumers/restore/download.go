@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -317,8 +316,8 @@ func (r *Restorer) checkLocal(ctx context.Context, up streams.Upstream, info *je
 // snapshotRows is the row count in a snapshot's metadata, or 0 when it has
 // none (a snapshot taken before it was recorded).
 func snapshotRows(info *jetstream.ObjectInfo) int64 {
-	n, _ := strconv.ParseInt(info.Metadata[streams.MetaSnapshotRows], 10, 64)
-	return max(n, 0)
+	s, _ := streams.SnapshotFromInfo(info)
+	return max(s.Rows, 0)
 }
 
 // progress reports a download's bytes, rows (estimated from the bytes, as

@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -74,9 +73,9 @@ func (p *Producer) Snapshot(ctx context.Context, force bool) (streams.Snapshot, 
 	}
 	s := streams.Snapshot{
 		Name: name, ReplicaVersion: st.ReplicaVersion, Watermark: st.Watermark, StreamSeq: st.StreamSeq,
-		WriteTimeMs: st.WriteTimeMs, SHA256: sum, Size: size, TakenAt: p.cfg.Now().UTC(),
+		WriteTimeMs: st.WriteTimeMs, SHA256: sum, Size: size, TakenAt: p.cfg.Now().UTC(), Rows: rows,
 	}
-	if err := p.upload(ctx, tmp, s, rows); err != nil {
+	if err := p.upload(ctx, tmp, s); err != nil {
 		p.metrics.snapshots.WithLabelValues("error").Inc()
 		return streams.Snapshot{}, err
 	}
@@ -184,7 +183,7 @@ const chunkSize = 1 << 20
 // up), with at most uploadInFlight chunks unacknowledged. The object
 // becomes visible only once its info is stored, after every chunk was
 // acknowledged; a failed upload's chunks are purged.
-func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot, rows int64) error {
+func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return fmt.Errorf("upload: %w", err)
@@ -264,7 +263,7 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot, 
 		ObjectMeta: jetstream.ObjectMeta{
 			Name:        s.Name,
 			Description: "jetsync replica snapshot at watermark " + s.Watermark,
-			Metadata:    metadata(s, rows),
+			Metadata:    s.Metadata(),
 			Opts:        &jetstream.ObjectMetaOptions{ChunkSize: chunkSize},
 		},
 		Bucket: bucket, NUID: nuid, Size: size, Chunks: chunks,
@@ -282,12 +281,6 @@ func (p *Producer) upload(ctx context.Context, file string, s streams.Snapshot, 
 		}
 	}
 	return nil
-}
-
-func metadata(s streams.Snapshot, rows int64) map[string]string {
-	m := s.Metadata()
-	m[streams.MetaSnapshotRows] = strconv.FormatInt(rows, 10)
-	return m
 }
 
 // throttled reads no faster than rate bytes a second on average, so that a

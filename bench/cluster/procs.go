@@ -16,15 +16,7 @@ import (
 )
 
 // alive reports an error when p exited or logged an error.
-func alive(p *benchenv.Proc) error {
-	if err := p.Alive(); err != nil {
-		return err
-	}
-	if rec := p.Log.Level("ERROR"); rec != nil {
-		return fmt.Errorf("%s logged an error: %v", p.Name, rec)
-	}
-	return nil
-}
+func alive(p *benchenv.Proc) error { return p.AliveNoError() }
 
 // startJetsync runs `jetsync role` with env (and none of this process's
 // ZERO_ or JETSYNC_ settings) and returns once its HTTP server listens.

@@ -6,32 +6,23 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"hash/fnv"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/bench/internal/benchenv"
+	"github.com/jetsync/jetsync/bench/internal/syncclient"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -97,12 +88,12 @@ func run(o options) error {
 		return err
 	}
 	defer pg.Kill(context.WithoutCancel(ctx))
-	natsPort, err := freePort()
+	natsPort, err := benchenv.FreePort()
 	if err != nil {
 		return err
 	}
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
-	q := newQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"i0000001"},"op":"="},"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["created","asc"]]},"system":"client"}],"limit":1}`)
+	q := syncclient.NewQuery(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"i0000001"},"op":"="},"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["created","asc"]]},"system":"client"}],"limit":1}`)
 
 	// 1. A fresh initial sync: jetsync run from an empty data folder.
 	common := []string{"ZERO_UPSTREAM_DB=" + pgURL, "ZERO_APP_ID=" + appID, "ZERO_APP_PUBLICATIONS=" + publication, "ZERO_PORT=0", "ZERO_LOG_FORMAT=json"}
@@ -112,8 +103,8 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	defer full.stop()
-	fresh, err := full.serving(ctx, t0, q)
+	defer full.Stop()
+	fresh, err := serving(ctx, full, t0, q)
 	if err != nil {
 		return fmt.Errorf("jetsync run: %w", err)
 	}
@@ -135,7 +126,7 @@ func run(o options) error {
 	if err := updates(ctx, pgURL, 200); err != nil {
 		return err
 	}
-	if err := full.waitCaughtUp(ctx, js, shard); err != nil {
+	if err := waitCaughtUp(ctx, js, shard); err != nil {
 		return err
 	}
 	now := exec.CommandContext(ctx, bin, "backup", "now")
@@ -152,7 +143,7 @@ func run(o options) error {
 		return err
 	}
 	// The view-syncer inside jetsync run has applied them.
-	if err := full.waitCaughtUp(ctx, js, shard); err != nil {
+	if err := waitCaughtUp(ctx, js, shard); err != nil {
 		return err
 	}
 
@@ -166,11 +157,11 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		cold, err := vs.serving(ctx, t0, q)
+		cold, err := serving(ctx, vs, t0, q)
 		if err == nil {
-			err = vs.report(t0, cold)
+			err = report(ctx, vs, t0, cold)
 		}
-		vs.stop()
+		vs.Stop()
 		if err != nil {
 			return fmt.Errorf("jetsync view-syncer: %w", err)
 		}
@@ -191,27 +182,25 @@ func dur(v any) time.Duration { return time.Duration(num(v)).Round(time.Millisec
 
 // report prints a cold view-syncer's times and the steps of its restore,
 // once it has caught up.
-func (p *proc) report(t0 time.Time, st servingTimes) error {
-	if p.log.Find("snapshot restored; catching up from the change stream") == nil {
-		return fmt.Errorf("the cold view-syncer did not restore a snapshot:\n%s", p.log.Tail())
+func report(ctx context.Context, p *benchenv.Proc, t0 time.Time, st servingTimes) error {
+	if p.Log.Find("snapshot restored; catching up from the change stream") == nil {
+		return fmt.Errorf("the cold view-syncer did not restore a snapshot:\n%s", p.Log.Tail())
 	}
-	for deadline := time.Now().Add(5 * time.Minute); p.log.Find("caught up after the restore") == nil; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the cold view-syncer did not catch up within 5 minutes:\n%s", p.log.Tail())
-		}
+	if _, err := p.WaitLog(ctx, "caught up after the restore", 5*time.Minute); err != nil {
+		return err
 	}
 	fmt.Printf("cold view-syncer (restore from snapshot + catch-up): start -> serving %s (/ answers %s)\n",
 		st.serving.Round(time.Millisecond), st.health.Round(time.Millisecond))
 	for _, m := range []string{"downloading snapshot", "snapshot downloaded", "snapshot restored; catching up from the change stream",
 		"http listening", "caught up after the restore"} {
-		if at, ok := p.log.At(m); ok {
+		if at, ok := p.Log.At(m); ok {
 			fmt.Printf("  %-55s +%s\n", m, at.Sub(t0).Round(time.Millisecond))
 		}
 	}
-	if rec := p.log.Find("snapshot downloaded"); rec != nil {
+	if rec := p.Log.Find("snapshot downloaded"); rec != nil {
 		fmt.Printf("  download: %.0f MB in %s (%v MB/s)\n", num(rec["bytes"])/1e6, dur(rec["took"]), rec["mb_per_s"])
 	}
-	if rec := p.log.Find("caught up after the restore"); rec != nil {
+	if rec := p.Log.Find("caught up after the restore"); rec != nil {
 		fmt.Printf("  catch-up: %.0f stream messages in %s\n", num(rec["messages"]), dur(rec["took"]))
 	}
 	return nil
@@ -281,97 +270,35 @@ func position(ctx context.Context, js jetstream.JetStream, shard streams.Shard, 
 	return snap, ok, info, err
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// proc is a running jetsync subcommand.
-type proc struct {
-	cmd  *exec.Cmd
-	log  *benchenv.LogWatch
-	done chan struct{}
-	err  error
-}
-
-func start(bin, root, sub, logName string, env []string) (*proc, error) {
-	f, err := os.Create(filepath.Join(root, logName+".log"))
-	if err != nil {
-		return nil, err
-	}
-	p := &proc{log: benchenv.NewLogWatch(f), done: make(chan struct{})}
-	p.cmd = exec.Command(bin, sub)
-	p.cmd.Env = benchenv.ServerEnv(env...)
-	p.cmd.Stderr = p.log
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start jetsync %s: %w", sub, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-		f.Close()
-	}()
-	return p, nil
-}
-
-// stop sends SIGTERM, and SIGKILLs the process group after 20 s.
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
+// start runs jetsync sub with env (and none of this process's ZERO_ or
+// JETSYNC_ settings), logging to root/logName.log.
+func start(bin, root, sub, logName string, env []string) (*benchenv.Proc, error) {
+	cmd := exec.Command(bin, sub)
+	cmd.Env = benchenv.ServerEnv(env...)
+	return benchenv.StartProc(logName, cmd, root)
 }
 
 type servingTimes struct{ health, serving time.Duration }
 
 // serving waits until p's / answers 200 and q, put by a new client group,
-// is hydrated, and returns both times since t0.
-func (p *proc) serving(ctx context.Context, t0 time.Time, q query) (servingTimes, error) {
+// is hydrated, and returns both times since t0. / is polled every 5 ms,
+// the precision of the health time.
+func serving(ctx context.Context, p *benchenv.Proc, t0 time.Time, q syncclient.Query) (servingTimes, error) {
 	var st servingTimes
-	base := ""
-	for deadline := time.Now().Add(10 * time.Minute); ; {
-		if rec := p.log.Find("http listening"); rec != nil && base == "" {
-			port, _ := rec["port"].(float64)
-			base = fmt.Sprintf("http://127.0.0.1:%d", int(port))
-		}
-		if base != "" {
-			if resp, err := http.Get(base + "/"); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					st.health = time.Since(t0)
-					break
-				}
-			}
-		}
-		select {
-		case <-p.done:
-			return st, fmt.Errorf("exited (%v):\n%s", p.err, p.log.Tail())
-		case <-ctx.Done():
-			return st, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return st, fmt.Errorf("/ not healthy within 10 minutes:\n%s", p.log.Tail())
-		}
+	if err := p.WaitHealthy(ctx, 10*time.Minute, 5*time.Millisecond); err != nil {
+		return st, err
 	}
-	if err := hydrate(base, q); err != nil {
-		return st, fmt.Errorf("query: %w\n%s", err, p.log.Tail())
+	st.health = time.Since(t0)
+	if err := hydrate(p.Base, q); err != nil {
+		return st, fmt.Errorf("query: %w\n%s", err, p.Log.Tail())
 	}
 	st.serving = time.Since(t0)
 	return st, nil
 }
 
 // waitCaughtUp waits until the stream's last message is acked by every
-// replica consumer of p (jetsync run's own).
-func (p *proc) waitCaughtUp(ctx context.Context, js jetstream.JetStream, shard streams.Shard) error {
+// consumer of the stream (jetsync run's own replica's).
+func waitCaughtUp(ctx context.Context, js jetstream.JetStream, shard streams.Shard) error {
 	st, err := js.Stream(ctx, shard.ChangesStream())
 	if err != nil {
 		return err
@@ -400,49 +327,19 @@ func (p *proc) waitCaughtUp(ctx context.Context, js jetstream.JetStream, shard s
 	return errors.New("jetsync run did not catch up within 5 minutes")
 }
 
-// query is a legacy (AST) query as a client desires it.
-type query struct{ hash, ast string }
-
-func newQuery(ast string) query {
-	h := fnv.New64a()
-	h.Write([]byte(ast))
-	return query{hash: strconv.FormatUint(h.Sum64(), 36), ast: ast}
-}
-
-// clientSchema is the e2e app's schema as the real client sends it.
-const clientSchema = `{"tables":{"comment":{"columns":{"body":{"type":"string"},"created":{"type":"number"},"id":{"type":"string"},"issue_id":{"type":"string"}},"primaryKey":["id"]},"issue":{"columns":{"created":{"type":"number"},"id":{"type":"string"},"modified":{"type":"number"},"open":{"type":"boolean"},"owner_id":{"type":"string"},"title":{"type":"string"}},"primaryKey":["id"]},"issue_label":{"columns":{"issue_id":{"type":"string"},"label_id":{"type":"string"}},"primaryKey":["issue_id","label_id"]},"label":{"columns":{"id":{"type":"string"},"name":{"type":"string"}},"primaryKey":["id"]},"user":{"columns":{"id":{"type":"string"},"name":{"type":"string"}},"primaryKey":["id"]}}}`
-
 // hydrate connects a new client group desiring q (in the initConnection
 // carried in the header, as the real client sends it) and reads until a
 // finished poke has put q in its gotQueriesPatch.
-func hydrate(base string, q query) error {
-	init := `["initConnection",{"desiredQueriesPatch":[` + fmt.Sprintf(`{"op":"put","hash":%q,"ast":%s,"ttl":0}`, q.hash, q.ast) +
-		`],"clientSchema":` + clientSchema + `}]`
-	b, _ := json.Marshal(map[string]json.RawMessage{"initConnectionMessage": json.RawMessage(init)})
-	proto := strings.NewReplacer("+", "%2B", "/", "%2F", "=", "%3D").Replace(base64.StdEncoding.EncodeToString(b))
-	group := fmt.Sprintf("coldstart-%d", time.Now().UnixNano())
-	v := url.Values{"clientGroupID": {group}, "clientID": {"c"}, "userID": {"u000001"}, "baseCookie": {""},
-		"ts": {strconv.FormatInt(time.Now().UnixMilli(), 10)}, "lmid": {"0"}, "wsid": {"ws-c"}}
-	d := websocket.Dialer{Subprotocols: []string{proto}, HandshakeTimeout: 30 * time.Second}
-	ws, _, err := d.Dial("ws"+strings.TrimPrefix(base, "http")+"/sync/v51/connect?"+v.Encode(), nil)
+func hydrate(base string, q syncclient.Query) error {
+	c, err := syncclient.Dial(base, syncclient.Options{
+		Group:  fmt.Sprintf("coldstart-%d", time.Now().UnixNano()),
+		Client: "c",
+		Init:   syncclient.InitConnection(q.Put(0)),
+	})
 	if err != nil {
 		return err
 	}
-	defer ws.Close()
-	got := false
-	for {
-		_ = ws.SetReadDeadline(time.Now().Add(2 * time.Minute))
-		_, data, err := ws.ReadMessage()
-		if err != nil {
-			return err
-		}
-		switch {
-		case bytes.HasPrefix(data, []byte(`["error"`)):
-			return fmt.Errorf("server error: %.500s", data)
-		case bytes.HasPrefix(data, []byte(`["pokePart"`)) && bytes.Contains(data, []byte(`"gotQueriesPatch"`)) && bytes.Contains(data, []byte(q.hash)):
-			got = true
-		case bytes.HasPrefix(data, []byte(`["pokeEnd"`)) && got:
-			return nil
-		}
-	}
+	defer c.Close()
+	_, _, err = c.WaitGot(q.Hash)
+	return err
 }

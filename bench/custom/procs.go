@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -22,30 +21,6 @@ const (
 	// api-server.mjs.
 	clientDir = "e2e/client"
 )
-
-// waitHealthy polls GET base/ until it answers 200.
-func waitHealthy(ctx context.Context, p *benchenv.Proc, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		resp, err := http.Get(p.Base + "/")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-p.Done():
-			return fmt.Errorf("%s exited (%v) before it was healthy:\n%s", p.Name, p.Err(), p.Log.Tail())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("GET %s/: not healthy within %v (%v)", p.Base, limit, err)
-		}
-	}
-}
 
 // nodeBin is the Node 22 that make node-deps installs (scripts/node22).
 func nodeBin() (string, error) {
@@ -140,7 +115,7 @@ func startJetsync(ctx context.Context, bin, root, upstream, api string) (*benche
 		p.Stop()
 		return nil, err
 	}
-	if err := waitHealthy(ctx, p, time.Minute); err != nil {
+	if err := p.WaitHealthy(ctx, time.Minute, 50*time.Millisecond); err != nil {
 		p.Stop()
 		return nil, err
 	}
@@ -177,7 +152,7 @@ func startZeroCache(ctx context.Context, node, root, upstream, api string) (*ben
 		return nil, err
 	}
 	p.Base = fmt.Sprintf("http://127.0.0.1:%d", port)
-	if err := waitHealthy(ctx, p, 3*time.Minute); err != nil {
+	if err := p.WaitHealthy(ctx, 3*time.Minute, 50*time.Millisecond); err != nil {
 		p.Stop()
 		return nil, err
 	}

@@ -130,14 +130,14 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	defer js.stop()
-	fmt.Printf("jetsync ready in %v (replica applied), sync endpoint %s\n", js.readyIn.Round(time.Millisecond), js.base)
+	defer js.Stop()
+	fmt.Printf("jetsync ready in %v (replica applied), sync endpoint %s\n", js.readyIn.Round(time.Millisecond), js.Base)
 
 	var rep report
 	rep.rss = append(rep.rss, js.rss("ready"))
 	if want["server"] {
 		for i := range o.runs {
-			r, err := measureServer(js.base, i)
+			r, err := measureServer(js.Base, i)
 			if err != nil {
 				return fmt.Errorf("server hydration: %w", err)
 			}
@@ -156,7 +156,7 @@ func run(o options) error {
 		if err != nil {
 			fmt.Println("client: skipped:", err)
 		} else {
-			rep.client, err = measureClient(ctx, node, js.base, o.runs, o.issues)
+			rep.client, err = measureClient(ctx, node, js.Base, o.runs, o.issues)
 			if err != nil {
 				return fmt.Errorf("real client: %w", err)
 			}
@@ -169,7 +169,7 @@ func run(o options) error {
 	if want["groups"] {
 		q := newQueries(o.issues)
 		for i := range o.runs {
-			d, err := measureGroups(ctx, js.base, q, o.clients, i)
+			d, err := measureGroups(ctx, js.Base, q, o.clients, i)
 			if err != nil {
 				return fmt.Errorf("groups: %w", err)
 			}
@@ -190,19 +190,19 @@ func run(o options) error {
 		if n := js.metric("zero_sync_queries"); n != 0 {
 			fmt.Printf("warning: the latency is measured with %v queries of other groups loaded\n", n)
 		}
-		l, err := measureLatency(ctx, js.base, up.url, newQueries(o.issues), strings.Split(o.latQs, ","), o.updates, o.rate)
+		l, err := measureLatency(ctx, js.Base, up.url, newQueries(o.issues), strings.Split(o.latQs, ","), o.updates, o.rate)
 		if err != nil {
 			return fmt.Errorf("latency: %w", err)
 		}
 		rep.latency = l
 		rep.rss = append(rep.rss, js.rss("latency"))
 	}
-	if err := js.alive(); err != nil {
+	if err := js.AliveNoError(); err != nil {
 		return err
 	}
 	rep.print(o)
 	if o.hold {
-		fmt.Printf("holding: upstream %s, sync endpoint %s, jetsync pid %d; interrupt to stop\n", up.url, js.base, js.cmd.Process.Pid)
+		fmt.Printf("holding: upstream %s, sync endpoint %s, jetsync pid %d; interrupt to stop\n", up.url, js.Base, js.Cmd.Process.Pid)
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		<-sig

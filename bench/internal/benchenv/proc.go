@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,6 +105,52 @@ func (p *Proc) Alive() error {
 	}
 }
 
+// AliveNoError reports an error when p exited or logged an ERROR record.
+func (p *Proc) AliveNoError() error {
+	if err := p.Alive(); err != nil {
+		return err
+	}
+	if rec := p.Log.Level("ERROR"); rec != nil {
+		return fmt.Errorf("%s logged an error: %v", p.Name, rec)
+	}
+	return nil
+}
+
+// WaitHealthy polls GET Base/ every interval until it answers 200, for at
+// most limit. When Base is unset it first learns it from jetsync's "http
+// listening" record, checked as often: a benchmark timing start -> healthy
+// gets the interval's precision, where WaitListening's poll is coarser.
+func (p *Proc) WaitHealthy(ctx context.Context, limit, interval time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		if p.Base == "" {
+			if rec := p.Log.FindLine("http listening"); rec != nil {
+				p.setBase(rec)
+			}
+		}
+		var err error
+		if p.Base != "" {
+			var resp *http.Response
+			if resp, err = http.Get(p.Base + "/"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited (%v) before it was healthy:\n%s", p.Name, p.err, p.Log.Tail())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: GET %s/ not healthy within %v (%v):\n%s", p.Name, p.Base, limit, err, p.Log.Tail())
+		}
+	}
+}
+
 // FreePort returns a TCP port free on 127.0.0.1 a moment ago.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -133,7 +180,12 @@ func (p *Proc) WaitListening(ctx context.Context, limit time.Duration) error {
 	if err != nil {
 		return err
 	}
+	p.setBase(rec)
+	return nil
+}
+
+// setBase sets Base from an "http listening" record's port.
+func (p *Proc) setBase(rec map[string]any) {
 	port, _ := rec["port"].(float64)
 	p.Base = fmt.Sprintf("http://127.0.0.1:%d", int(port))
-	return nil
 }

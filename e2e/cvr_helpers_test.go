@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,20 +41,9 @@ func newCVRApp(t *testing.T, issues int) *cvrApp {
 	return &cvrApp{upstream: upstream, node: node, pg: pg}
 }
 
-// runEnv is the environment of a `jetsync run` of a on port, with its own
-// data folder and in-process NATS only. extra comes last, and os/exec keeps
-// the last value of a key, so it can override these.
+// runEnv is runEnv for a's upstream.
 func (a *cvrApp) runEnv(t *testing.T, port int, extra ...string) []string {
-	return append([]string{
-		"JETSYNC_DATA_DIR=" + filepath.Join(t.TempDir(), "data"),
-		"ZERO_UPSTREAM_DB=" + a.upstream,
-		"ZERO_APP_ID=" + zeroAppID,
-		"ZERO_APP_PUBLICATIONS=" + zeroPublication,
-		"ZERO_AUTH_SECRET=" + zeroSecret,
-		"ZERO_PORT=" + strconv.Itoa(port),
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-	}, extra...)
+	return runEnv(t, a.upstream, port, extra...)
 }
 
 func (a *cvrApp) exec(t *testing.T, sql string, args ...any) {
@@ -73,15 +60,7 @@ var openIssuesQuery = map[string]any{"table": "issue", "where": []any{"open", "=
 // openIssues is openIssuesQuery's rows in Postgres, as the client holds them.
 func (a *cvrApp) openIssues(t *testing.T) json.RawMessage {
 	t.Helper()
-	var out json.RawMessage
-	err := a.pg.QueryRow(context.Background(), `SELECT coalesce(json_agg(q.j), '[]') FROM (
-		SELECT json_build_object('id', i.id, 'title', i.title, 'open', i.open, 'modified', i.modified,
-			'owner_id', i.owner_id, 'created', extract(epoch from i.created) * 1000)
-		FROM issue i WHERE i.open ORDER BY i.modified, i.id LIMIT 10) q(j)`).Scan(&out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return sqlRows(t, a.pg, `SELECT `+issueJSON+` FROM issue i WHERE i.open ORDER BY i.modified, i.id LIMIT 10`)
 }
 
 // windowIDs are the IDs of the issues in openIssuesQuery's window.

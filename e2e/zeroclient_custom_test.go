@@ -12,10 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 )
 
 // apiServer is client/api-server.mjs: the app's query and mutate endpoints,
@@ -99,45 +95,20 @@ func (a *apiServer) requests(t *testing.T) []apiRequest {
 // mutators against jetsync with JWT auth on and api-server.mjs behind
 // ZERO_QUERY_URL and ZERO_MUTATE_URL.
 func TestZeroClient_Custom(t *testing.T) {
-	bin := pgBin(t)
-	node := nodeBin(t)
-	upstream := pgtest.NewDB(t, pgtest.Start(t))
-	seedBench(t, bin, upstream, 1000)
-	deployPermissions(t, node, upstream, "app/schema.mjs")
+	app := newCVRApp(t, 1000)
+	node, upstream, pg := app.node, app.upstream, app.pg
 	api := startAPIServer(t, node, upstream)
-	p := start(t, []string{
-		"JETSYNC_DATA_DIR=" + t.TempDir() + "/data",
-		"ZERO_UPSTREAM_DB=" + upstream,
-		"ZERO_APP_ID=" + zeroAppID,
-		"ZERO_APP_PUBLICATIONS=" + zeroPublication,
-		"ZERO_AUTH_SECRET=" + zeroSecret,
-		"ZERO_QUERY_URL=" + api.url + "/query",
-		"ZERO_MUTATE_URL=" + api.url + "/mutate",
+	p := start(t, runEnv(t, upstream, 0,
+		"ZERO_QUERY_URL="+api.url+"/query",
+		"ZERO_MUTATE_URL="+api.url+"/mutate",
 		"ZERO_AUTH_REVALIDATE_INTERVAL_SECONDS=1",
 		"ZERO_AUTH_RETRANSFORM_INTERVAL_SECONDS=2",
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-	}, "run")
+	), "run")
 	port := int(p.logRecord(t, "http listening", 60*time.Second)["port"].(float64))
 	srv := fmt.Sprintf("http://127.0.0.1:%d", port)
 	waitHealthy(t, p, srv, 90*time.Second)
 
 	ctx := context.Background()
-	pg, err := pgx.Connect(ctx, upstream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close(context.Background()) })
-	sqlRows := func(t *testing.T, query string) json.RawMessage {
-		t.Helper()
-		var out json.RawMessage
-		if err := pg.QueryRow(ctx, `SELECT coalesce(json_agg(q.j), '[]') FROM (`+query+`) q(j)`).Scan(&out); err != nil {
-			t.Fatalf("%s: %v", query, err)
-		}
-		return out
-	}
-	const issueJSON = `json_build_object('id', i.id, 'title', i.title, 'open', i.open, 'modified', i.modified, 'owner_id', i.owner_id, 'created', extract(epoch from i.created) * 1000)`
 
 	d := startDriver(t, node)
 	d.open(t, "a", srv, "u000001", signToken(t, zeroSecret, "u000001", time.Hour), "a")
@@ -170,7 +141,7 @@ func TestZeroClient_Custom(t *testing.T) {
 			t.Run(s.shape, func(t *testing.T) {
 				d.do(t, map[string]any{"cmd": "query", "client": "a", "id": "synced-" + s.shape, "shape": s.shape, "args": s.args, "synced": true})
 				d.waitRowsEqual(t, "a", "synced-"+s.shape, func() json.RawMessage {
-					rows := sqlRows(t, s.sql)
+					rows := sqlRows(t, pg, s.sql)
 					if !s.one {
 						return rows
 					}
@@ -190,7 +161,7 @@ func TestZeroClient_Custom(t *testing.T) {
 	issue := `SELECT ` + issueJSON + ` FROM issue i WHERE i.id = 'i0000004'`
 	t.Run("Mutator", func(t *testing.T) {
 		d.do(t, map[string]any{"cmd": "query", "client": "a", "id": "issue4", "shape": "issuesByIDs", "args": map[string]any{"ids": []string{"i0000004"}}, "synced": true})
-		d.waitRowsEqual(t, "a", "issue4", func() json.RawMessage { return sqlRows(t, issue) })
+		d.waitRowsEqual(t, "a", "issue4", func() json.RawMessage { return sqlRows(t, pg, issue) })
 		ack := d.do(t, map[string]any{"cmd": "mutate", "client": "a", "id": "m1", "name": "issue.setTitle",
 			"args": map[string]any{"id": "i0000004", "title": "set by a mutator ✓", "modified": 4.5}})
 		if !strings.Contains(string(ack.Rows), `"success"`) {
@@ -204,7 +175,7 @@ func TestZeroClient_Custom(t *testing.T) {
 		if err := pg.QueryRow(ctx, `SELECT title FROM issue WHERE id = 'i0000004'`).Scan(&title); err != nil || title != "set by a mutator ✓" {
 			t.Errorf("Postgres title %q, %v; want the mutator's", title, err)
 		}
-		d.waitRowsEqual(t, "a", "issue4", func() json.RawMessage { return sqlRows(t, issue) })
+		d.waitRowsEqual(t, "a", "issue4", func() json.RawMessage { return sqlRows(t, pg, issue) })
 	})
 
 	t.Run("MutatorThrows", func(t *testing.T) {
@@ -265,7 +236,7 @@ func TestZeroClient_Custom(t *testing.T) {
 		d.open(t, "b", srv, "u000001", signToken(t, zeroSecret, "u000001", time.Hour), "a")
 		d.waitState(t, "b", "connected", 30*time.Second)
 		d.do(t, map[string]any{"cmd": "query", "client": "b", "id": "issue4", "shape": "issuesByIDs", "args": map[string]any{"ids": []string{"i0000004"}}, "synced": true})
-		d.waitRowsEqual(t, "b", "issue4", func() json.RawMessage { return sqlRows(t, issue) })
+		d.waitRowsEqual(t, "b", "issue4", func() json.RawMessage { return sqlRows(t, pg, issue) })
 		mark := d.mark()
 		api.control(t, "fail", map[string]any{"path": "/query", "status": 401, "count": 1})
 		var failed driverEvent
@@ -286,7 +257,7 @@ func TestZeroClient_Custom(t *testing.T) {
 		if _, err := pg.Exec(ctx, `UPDATE issue SET title = 'after a 401' WHERE id = 'i0000004'`); err != nil {
 			t.Fatal(err)
 		}
-		d.waitRowsEqual(t, other, "issue4", func() json.RawMessage { return sqlRows(t, issue) })
+		d.waitRowsEqual(t, other, "issue4", func() json.RawMessage { return sqlRows(t, pg, issue) })
 	})
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetsync/jetsync/nats-config/natstest"
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 )
 
 // The Zero client suite drives the real @rocicorp/zero 1.9.0 client, under
@@ -35,7 +34,20 @@ const (
 	zeroAppID  = "zclient"
 	// zeroPublication is the one bench/schema.sql creates.
 	zeroPublication = "zpeer_pub"
+	// issueJSON is an issue row as the client holds it: timestamps as epoch ms.
+	issueJSON = `json_build_object('id', i.id, 'title', i.title, 'open', i.open, 'modified', i.modified, 'owner_id', i.owner_id, 'created', extract(epoch from i.created) * 1000)`
 )
+
+// sqlRows runs a query whose rows are JSON objects in the client's form
+// and returns them as one JSON array.
+func sqlRows(t *testing.T, pg *pgx.Conn, query string) json.RawMessage {
+	t.Helper()
+	var out json.RawMessage
+	if err := pg.QueryRow(context.Background(), `SELECT coalesce(json_agg(q.j), '[]') FROM (`+query+`) q(j)`).Scan(&out); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return out
+}
 
 // syncServer is a running Zero sync server.
 type syncServer struct {
@@ -65,37 +77,17 @@ func TestZeroClient_Jetsync(t *testing.T) {
 }
 
 func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
-	bin := pgBin(t)
-	node := nodeBin(t)
-	upstream := pgtest.NewDB(t, pgtest.Start(t))
-	seedBench(t, bin, upstream, 1000)
-	deployPermissions(t, node, upstream, "app/schema.mjs")
+	app := newCVRApp(t, 1000)
+	node, upstream, pg := app.node, app.upstream, app.pg
 	srv := startServer(t, upstream)
 
 	ctx := context.Background()
-	pg, err := pgx.Connect(ctx, upstream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pg.Close(context.Background()) })
 	execSQL := func(t *testing.T, sql string) {
 		t.Helper()
 		if _, err := pg.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	// sqlRows runs a query whose rows are JSON objects in the client's form
-	// and returns them as one JSON array.
-	sqlRows := func(t *testing.T, query string) json.RawMessage {
-		t.Helper()
-		var out json.RawMessage
-		if err := pg.QueryRow(ctx, `SELECT coalesce(json_agg(q.j), '[]') FROM (`+query+`) q(j)`).Scan(&out); err != nil {
-			t.Fatalf("%s: %v", query, err)
-		}
-		return out
-	}
-	// issueJSON is an issue row as the client holds it: timestamps as epoch ms.
-	const issueJSON = `json_build_object('id', i.id, 'title', i.title, 'open', i.open, 'modified', i.modified, 'owner_id', i.owner_id, 'created', extract(epoch from i.created) * 1000)`
 
 	d := startDriver(t, node)
 	d.open(t, "a", srv.url, "u000001", signToken(t, zeroSecret, "u000001", time.Hour), "a")
@@ -105,13 +97,13 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 	t.Run("Hydrate", func(t *testing.T) {
 		d.do(t, map[string]any{"cmd": "query", "client": "a", "id": "open10", "table": "issue",
 			"where": []any{"open", "=", true}, "orderBy": [][]string{{"modified", "asc"}}, "limit": 10})
-		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, openIssues) })
+		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, pg, openIssues) })
 	})
 
 	t.Run("RelatedOne", func(t *testing.T) {
 		d.do(t, map[string]any{"cmd": "query", "client": "a", "id": "byModified", "shape": "openByModified", "args": map[string]any{"limit": 3}})
 		d.waitRowsEqual(t, "a", "byModified", func() json.RawMessage {
-			return sqlRows(t, `SELECT jsonb_build_object('owner', (SELECT json_build_object('id', u.id, 'name', u.name) FROM "user" u WHERE u.id = i.owner_id)) || `+issueJSON+`::jsonb
+			return sqlRows(t, pg, `SELECT jsonb_build_object('owner', (SELECT json_build_object('id', u.id, 'name', u.name) FROM "user" u WHERE u.id = i.owner_id)) || `+issueJSON+`::jsonb
 				FROM issue i WHERE i.open ORDER BY i.modified DESC, i.id LIMIT 3`)
 		})
 	})
@@ -122,19 +114,19 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 			t.Fatal(err)
 		}
 		execSQL(t, `UPDATE issue SET title = 'retitled by e2e ✓' WHERE id = '`+first+`'`)
-		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, openIssues) })
+		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, pg, openIssues) })
 		// Leaving the filter pushes the row out of the window, which refills.
 		execSQL(t, `UPDATE issue SET open = false WHERE id = '`+first+`'`)
-		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, openIssues) })
+		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, pg, openIssues) })
 	})
 
 	t.Run("InsertDelete", func(t *testing.T) {
 		// An INSERT at the window's front pushes its last row out; the DELETE
 		// brings it back.
 		execSQL(t, `INSERT INTO issue (id, title, open, modified, owner_id, created) VALUES ('e2e-new', 'inserted by e2e', true, -1, 'u000001', '2024-05-06T07:08:09.123Z')`)
-		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, openIssues) })
+		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, pg, openIssues) })
 		execSQL(t, `DELETE FROM issue WHERE id = 'e2e-new'`)
-		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, openIssues) })
+		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, pg, openIssues) })
 	})
 
 	t.Run("Transaction", func(t *testing.T) {
@@ -155,7 +147,7 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 		}
 		mark := d.mark()
 		execSQL(t, `BEGIN; UPDATE issue SET title = 'tx ✓' WHERE id = '`+ids[0]+`'; UPDATE issue SET title = 'tx ✓' WHERE id = '`+ids[1]+`'; COMMIT`)
-		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, openIssues) })
+		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage { return sqlRows(t, pg, openIssues) })
 		// No view the client showed on the way had one update without the other.
 		for _, ev := range d.since(mark) {
 			if ev.Event != "rows" || ev.Client != "a" || ev.ID != "open10" {
@@ -187,7 +179,7 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 		d.waitState(t, "a2", "connected", 30*time.Second)
 		d.do(t, map[string]any{"cmd": "query", "client": "a2", "id": "open10", "table": "issue",
 			"where": []any{"open", "=", true}, "orderBy": [][]string{{"modified", "asc"}}, "limit": 10})
-		d.waitRowsEqual(t, "a2", "open10", func() json.RawMessage { return sqlRows(t, openIssues) })
+		d.waitRowsEqual(t, "a2", "open10", func() json.RawMessage { return sqlRows(t, pg, openIssues) })
 		d.do(t, map[string]any{"cmd": "close", "client": "a2"})
 	})
 
@@ -196,7 +188,7 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 		// store once the query's TTL runs out after the view is gone.
 		d.do(t, map[string]any{"cmd": "query", "client": "a", "id": "labels", "shape": "labelsAll", "ttl": "1s"})
 		d.waitRowsEqual(t, "a", "labels", func() json.RawMessage {
-			return sqlRows(t, `SELECT json_build_object('id', l.id, 'name', l.name) FROM label l ORDER BY l.id`)
+			return sqlRows(t, pg, `SELECT json_build_object('id', l.id, 'name', l.name) FROM label l ORDER BY l.id`)
 		})
 		if ack := d.do(t, map[string]any{"cmd": "local", "client": "a", "table": "label"}); len(decodeJSON(t, ack.Rows).([]any)) != 20 {
 			t.Fatalf("client holds label rows %s; want the 20 seeded", ack.Rows)
@@ -241,16 +233,16 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 		d.do(t, map[string]any{"cmd": "query", "client": "p", "id": "users", "table": "user", "orderBy": [][]string{{"id", "asc"}}})
 		// issue's rule is bound to the token's sub.
 		d.waitRowsEqual(t, "p", "issues", func() json.RawMessage {
-			return sqlRows(t, `SELECT `+issueJSON+` FROM issue i WHERE i.owner_id = 'u000003' ORDER BY i.id`)
+			return sqlRows(t, pg, `SELECT `+issueJSON+` FROM issue i WHERE i.owner_id = 'u000003' ORDER BY i.id`)
 		})
 		// label has no rule: no rows.
 		d.waitRowsEqual(t, "p", "labels", func() json.RawMessage { return json.RawMessage(`[]`) })
 		d.waitRowsEqual(t, "p", "users", func() json.RawMessage {
-			return sqlRows(t, `SELECT json_build_object('id', u.id, 'name', u.name) FROM "user" u ORDER BY u.id`)
+			return sqlRows(t, pg, `SELECT json_build_object('id', u.id, 'name', u.name) FROM "user" u ORDER BY u.id`)
 		})
 		// The client that was open under the old rules follows the new ones.
 		d.waitRowsEqual(t, "a", "open10", func() json.RawMessage {
-			return sqlRows(t, `SELECT `+issueJSON+` FROM issue i WHERE i.open AND i.owner_id = 'u000001' ORDER BY i.modified, i.id LIMIT 10`)
+			return sqlRows(t, pg, `SELECT `+issueJSON+` FROM issue i WHERE i.open AND i.owner_id = 'u000001' ORDER BY i.modified, i.id LIMIT 10`)
 		})
 	})
 }
@@ -352,20 +344,28 @@ func startZeroCache(t *testing.T, upstream string) *syncServer {
 // startJetsyncSyncer runs `jetsync run` on the upstream, with its own NATS.
 func startJetsyncSyncer(t *testing.T, upstream string) *syncServer {
 	t.Helper()
-	p := start(t, []string{
+	p := start(t, runEnv(t, upstream, 0), "run")
+	port := int(p.logRecord(t, "http listening", 60*time.Second)["port"].(float64))
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	waitHealthy(t, p, url, 90*time.Second)
+	return &syncServer{url: url, proc: p}
+}
+
+// runEnv is the environment of a `jetsync run` of upstream on port (0: any
+// free one, which it logs), with its own data folder and in-process NATS
+// only. extra comes last, and os/exec keeps the last value of a key, so it
+// can override these.
+func runEnv(t *testing.T, upstream string, port int, extra ...string) []string {
+	return append([]string{
 		"JETSYNC_DATA_DIR=" + filepath.Join(t.TempDir(), "data"),
 		"ZERO_UPSTREAM_DB=" + upstream,
 		"ZERO_APP_ID=" + zeroAppID,
 		"ZERO_APP_PUBLICATIONS=" + zeroPublication,
 		"ZERO_AUTH_SECRET=" + zeroSecret,
-		"ZERO_PORT=0",
+		"ZERO_PORT=" + strconv.Itoa(port),
 		"JETSYNC_NATS_LISTEN=",
 		"ZERO_LOG_FORMAT=json",
-	}, "run")
-	port := int(p.logRecord(t, "http listening", 60*time.Second)["port"].(float64))
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	waitHealthy(t, p, url, 90*time.Second)
-	return &syncServer{url: url, proc: p}
+	}, extra...)
 }
 
 // waitHealthy polls the health check at / until it answers 200.

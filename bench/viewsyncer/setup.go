@@ -127,7 +127,8 @@ func (j *jetsync) rss(after string) rssSample {
 	return s
 }
 
-// metric reads an unlabelled gauge from /metrics; -1 when it can't.
+// metric reads a gauge from /metrics, the first series of it; -1 when it
+// can't.
 func (j *jetsync) metric(name string) int64 {
 	resp, err := http.Get(j.Base + "/metrics")
 	if err != nil {
@@ -137,7 +138,10 @@ func (j *jetsync) metric(name string) int64 {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+		// jetsync run labels each component's metrics: name{...} value.
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
+			v := rest[strings.LastIndexByte(rest, ' ')+1:]
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				return -1

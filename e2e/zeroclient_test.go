@@ -279,19 +279,16 @@ func npmBin(t *testing.T, name string) string {
 	return abs
 }
 
-// seedBench loads ../shared/bench: schema.sql, the zpeer_pub publication and
+// seedBench loads testdata/bench: schema.sql, the zpeer_pub publication and
 // seed.sh's deterministic rows.
 func seedBench(t *testing.T, pgbin, url string, issues int) {
 	t.Helper()
-	seed, err := filepath.Abs(filepath.Join("..", "..", "shared", "bench", "seed.sh"))
+	seed, err := filepath.Abs(filepath.Join("..", "testdata", "bench", "seed.sh"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(seed); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("bench seed missing under CI: %v", err)
-		}
-		t.Skipf("bench seed missing: %v", err)
+		t.Fatalf("bench seed: %v", err)
 	}
 	cmd := exec.Command("bash", seed, strconv.Itoa(issues))
 	cmd.Env = append(baseEnv(), fmt.Sprintf("PSQL=%s %s -v ON_ERROR_STOP=1 -q", filepath.Join(pgbin, "psql"), url))

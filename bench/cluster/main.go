@@ -16,7 +16,7 @@
 // (JETSYNC_BACKUP=off) and restore nothing, so that only the broker differs.
 // Everything shares this machine's cores, the load generator included.
 //
-// Usage: go run ./bench/cluster [-issues 10000] [-shared ../shared/bench]
+// Usage: go run ./bench/cluster [-issues 10000] [-bench-data testdata/bench]
 package main
 
 import (
@@ -44,7 +44,7 @@ import (
 
 type options struct {
 	issues     int
-	shared     string
+	data       string
 	bin        string
 	natsServer string
 	duration   time.Duration
@@ -57,7 +57,7 @@ type options struct {
 func main() {
 	var o options
 	flag.IntVar(&o.issues, "issues", 10000, "seed.sh ISSUES")
-	flag.StringVar(&o.shared, "shared", "../shared/bench", "folder holding seed.sh and schema.sql")
+	benchenv.DataFlag(&o.data)
 	flag.StringVar(&o.bin, "bin", "bin/jetsync", "the jetsync binary (make build)")
 	flag.StringVar(&o.natsServer, "nats-server", "bin/nats-server", "the nats-server binary; built from the module's nats-server version when missing")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "how long the throughput load runs")
@@ -117,7 +117,7 @@ func run(o options) error {
 	if !o.keep {
 		defer os.RemoveAll(root)
 	}
-	pg, url, err := benchenv.StartUpstream(ctx, root, o.shared, o.issues, appID)
+	pg, url, err := benchenv.StartUpstream(ctx, root, o.data, o.issues, appID)
 	if err != nil {
 		return err
 	}

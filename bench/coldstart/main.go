@@ -34,7 +34,7 @@ const (
 func main() {
 	var o options
 	flag.StringVar(&o.bin, "bin", "bin/jetsync", "jetsync binary; built from ./cmd/jetsync when missing")
-	flag.StringVar(&o.shared, "shared", "../shared/bench", "folder holding seed.sh")
+	benchenv.DataFlag(&o.data)
 	flag.IntVar(&o.issues, "issues", 100000, "issues seed.sh creates (100000 makes 451,020 rows)")
 	flag.IntVar(&o.txs, "txs", 2000, "one-row transactions committed after the snapshot, for the cold view-syncer to catch up")
 	flag.IntVar(&o.runs, "runs", 3, "cold view-syncers to start, one after another (the median is reported)")
@@ -47,7 +47,7 @@ func main() {
 }
 
 type options struct {
-	bin, shared string
+	bin, data   string
 	issues, txs int
 	runs        int
 	keep        bool
@@ -64,12 +64,6 @@ var backupEnv = []string{
 func run(o options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := os.Stat(filepath.Join(o.shared, "seed.sh")); err != nil {
-		if _, err2 := os.Stat("/work/shared/bench/seed.sh"); err2 != nil {
-			return err
-		}
-		o.shared = "/work/shared/bench"
-	}
 	root, err := os.MkdirTemp("", "jetsync-bench-coldstart-")
 	if err != nil {
 		return err
@@ -83,7 +77,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	pg, pgURL, err := benchenv.StartUpstream(ctx, root, o.shared, o.issues, appID)
+	pg, pgURL, err := benchenv.StartUpstream(ctx, root, o.data, o.issues, appID)
 	if err != nil {
 		return err
 	}

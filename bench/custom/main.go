@@ -9,7 +9,8 @@
 //     at a time; each is timed from its push to the pokeEnd of the poke that
 //     confirms it (lastMutationIDChanges reaching its id), which must also
 //     carry the retitled row. zero-cache 1.9.0 took about 20 ms on this
-//     machine (../shared/bench/README.md, transcripts/mutation-push).
+//     machine (testdata/bench/README.md, and the transcript
+//     testdata/spec/transcripts/mutation-push.jsonl).
 //   - hydration: five shapes of the e2e app (e2e/client/app/queries.mjs),
 //     each as the legacy AST query the real client sends and as the synced
 //     query (name and args) that the API server transforms into the same
@@ -42,7 +43,7 @@ import (
 )
 
 // zcMutationMS is zero-cache 1.9.0's custom-mutator round trip, push to
-// confirmed, on seed.sh 1000 (../shared/bench/README.md).
+// confirmed, on seed.sh 1000 (testdata/bench/README.md).
 const zcMutationMS = 20
 
 // authSecret signs the client's token. Auth is on, as in a real app: the
@@ -55,7 +56,7 @@ const readTimeout = time.Minute
 type options struct {
 	server    string
 	issues    int
-	shared    string
+	data      string
 	bin       string
 	mutations int
 	rounds    int
@@ -68,7 +69,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.server, "server", "jetsync", "the sync server measured: jetsync or zero-cache (1.9.0, from make node-deps)")
 	flag.IntVar(&o.issues, "issues", 1000, "seed.sh ISSUES (zero-cache's mutation figure is on 1000)")
-	flag.StringVar(&o.shared, "shared", "../shared/bench", "folder holding seed.sh and schema.sql")
+	benchenv.DataFlag(&o.data)
 	flag.StringVar(&o.bin, "bin", "bin/jetsync", "the jetsync binary (make build); built into a temporary folder when missing")
 	flag.IntVar(&o.mutations, "mutations", 300, "custom mutations timed (after 10 unmeasured)")
 	flag.IntVar(&o.rounds, "rounds", 21, "hydrations of each shape in each form (after one unmeasured round)")
@@ -108,7 +109,7 @@ func run(o options) error {
 		defer os.RemoveAll(root)
 	}
 
-	pg, upstream, err := benchenv.StartUpstream(ctx, root, o.shared, o.issues, appID)
+	pg, upstream, err := benchenv.StartUpstream(ctx, root, o.data, o.issues, appID)
 	if err != nil {
 		return err
 	}

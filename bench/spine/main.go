@@ -1,5 +1,5 @@
 // Command spine measures the spine — Postgres → JetStream → SQLite replica —
-// on the benchmark dataset in ../shared/bench, in one process, as `jetsync
+// on the benchmark dataset in testdata/bench, in one process, as `jetsync
 // run` wires it:
 //
 //   - start → stream-complete and start → replica-ready after seeding
@@ -8,7 +8,7 @@
 //     Postgres alone commits under the same load (zero-cache: about 2,000/s);
 //   - commit → replica-applied latency at a fixed rate, p50 and p99.
 //
-// Usage: go run ./bench/spine [-issues 100000] [-shared ../shared/bench]
+// Usage: go run ./bench/spine [-issues 100000] [-bench-data testdata/bench]
 package main
 
 import (
@@ -46,7 +46,7 @@ import (
 
 type options struct {
 	issues   int
-	shared   string
+	data     string
 	duration time.Duration
 	clients  int
 	rate     int
@@ -60,7 +60,7 @@ type options struct {
 func main() {
 	var o options
 	flag.IntVar(&o.issues, "issues", 100000, "seed.sh ISSUES (100000 gives 451,020 rows)")
-	flag.StringVar(&o.shared, "shared", "../shared/bench", "folder holding seed.sh and schema.sql")
+	benchenv.DataFlag(&o.data)
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "how long the throughput load runs")
 	flag.IntVar(&o.clients, "clients", 16, "concurrent Postgres clients for the throughput load")
 	flag.IntVar(&o.rate, "rate", 1000, "transactions per second for the latency run")
@@ -98,8 +98,12 @@ func run(o options) error {
 	}
 	url := pg.URL("zpeer")
 
+	data, err := benchenv.DataDir(o.data)
+	if err != nil {
+		return err
+	}
 	seedStart := time.Now()
-	seed := exec.CommandContext(ctx, filepath.Join(o.shared, "seed.sh"), fmt.Sprint(o.issues))
+	seed := exec.CommandContext(ctx, filepath.Join(data, "seed.sh"), fmt.Sprint(o.issues))
 	seed.Env = append(os.Environ(), fmt.Sprintf("PSQL=/usr/lib/postgresql/15/bin/psql %s -v ON_ERROR_STOP=1 -q", url))
 	if out, err := seed.CombinedOutput(); err != nil {
 		return fmt.Errorf("seed: %w\n%s", err, out)

@@ -1,5 +1,5 @@
 // Command viewsyncer measures the sync server of `jetsync run` against
-// zero-cache 1.9.0's figures (../shared/bench/README.md), on the benchmark
+// zero-cache 1.9.0's figures (testdata/bench/README.md), on the benchmark
 // dataset seeded with seed.sh 100000 (451,020 rows):
 //
 //   - server: a Go client speaking protocol v51 puts a query over the whole
@@ -34,7 +34,7 @@ import (
 	"github.com/jetsync/jetsync/bench/internal/benchenv"
 )
 
-// zero-cache 1.9.0 on this machine (../shared/bench/README.md), and the
+// zero-cache 1.9.0 on this machine (testdata/bench/README.md), and the
 // issue's aims as fractions of them.
 const (
 	zcServerMS          = 2165 // median of 1,992 / 2,283 / 2,165 ms
@@ -53,7 +53,7 @@ const (
 
 type options struct {
 	issues   int
-	shared   string
+	data     string
 	bin      string
 	measures string
 	runs     int
@@ -70,7 +70,7 @@ type options struct {
 func main() {
 	var o options
 	flag.IntVar(&o.issues, "issues", 100000, "seed.sh ISSUES (100000 gives 451,020 rows)")
-	flag.StringVar(&o.shared, "shared", "../shared/bench", "folder holding seed.sh and schema.sql")
+	benchenv.DataFlag(&o.data)
 	flag.StringVar(&o.bin, "bin", "bin/jetsync", "the jetsync binary (make build); built into a temporary folder when missing")
 	flag.StringVar(&o.measures, "measures", "server,client,groups,latency", "comma-separated measures to run: server, client, groups, latency (rss is always reported)")
 	flag.IntVar(&o.runs, "runs", 3, "repetitions of the server, client and groups measures; medians are reported")
@@ -120,7 +120,7 @@ func run(o options) error {
 		return err
 	}
 
-	up, err := startUpstream(ctx, root, o.shared, o.issues)
+	up, err := startUpstream(ctx, root, o.data, o.issues)
 	if err != nil {
 		return err
 	}

@@ -30,8 +30,8 @@ type upstream struct {
 
 func (u *upstream) close() { _ = u.pg.Kill(context.Background()) }
 
-func startUpstream(ctx context.Context, root, shared string, issues int) (*upstream, error) {
-	pg, url, err := benchenv.StartUpstream(ctx, root, shared, issues, appID)
+func startUpstream(ctx context.Context, root, data string, issues int) (*upstream, error) {
+	pg, url, err := benchenv.StartUpstream(ctx, root, data, issues, appID)
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-const transcriptDir = "../../../shared/spec/transcripts"
+const transcriptDir = "../../testdata/spec/transcripts"
 
 // record is one line of a transcript (transcripts/README.md).
 type record struct {

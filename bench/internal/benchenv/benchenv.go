@@ -1,5 +1,5 @@
 // Package benchenv stands up what the end-to-end benchmarks run against: the
-// jetsync binary, an upstream Postgres seeded by ../shared/bench/seed.sh with
+// jetsync binary, an upstream Postgres seeded by testdata/bench/seed.sh with
 // read rules for anyone, and a reader of jetsync's JSON log.
 package benchenv
 
@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,10 +39,53 @@ func JetsyncBin(ctx context.Context, path, dir string) (string, error) {
 	return out, nil
 }
 
+// DefaultData is the -bench-data default: the benchmark dataset
+// (testdata/bench/README.md), relative to the module root.
+const DefaultData = "testdata/bench"
+
+// DataFlag defines the -bench-data flag, the folder holding seed.sh and
+// schema.sql, into p.
+func DataFlag(p *string) {
+	flag.StringVar(p, "bench-data", DefaultData, "folder holding seed.sh and schema.sql; a relative path missing from the working directory is taken from the module root")
+}
+
+// DataDir resolves a -bench-data folder to an absolute path that holds
+// seed.sh. A relative folder is looked for in the working directory, then
+// in the module root (the nearest folder above holding go.mod), so that the
+// default serves go run ./bench/x from anywhere in the repository.
+func DataDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if wd, err := os.Getwd(); err == nil && !filepath.IsAbs(dir) && !hasSeed(abs) {
+		for d := wd; filepath.Dir(d) != d; d = filepath.Dir(d) {
+			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+				abs = filepath.Join(d, dir)
+				break
+			}
+		}
+	}
+	if !hasSeed(abs) {
+		return "", fmt.Errorf("-bench-data %s: no seed.sh there", abs)
+	}
+	return abs, nil
+}
+
+func hasSeed(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "seed.sh"))
+	return err == nil
+}
+
 // StartUpstream starts a throwaway Postgres under root, seeds its zpeer
-// database with shared/seed.sh and deploys read rules for appID letting
-// anyone read every table. It returns the cluster and the database's URL.
-func StartUpstream(ctx context.Context, root, shared string, issues int, appID string) (*pglocal.Cluster, string, error) {
+// database with seed.sh from the data folder (DataDir) and deploys read
+// rules for appID letting anyone read every table. It returns the cluster
+// and the database's URL.
+func StartUpstream(ctx context.Context, root, data string, issues int, appID string) (*pglocal.Cluster, string, error) {
+	data, err := DataDir(data)
+	if err != nil {
+		return nil, "", err
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	pg, err := pglocal.Start(ctx, pglocal.Config{Dir: filepath.Join(root, "pg"), FsyncOff: true, Logger: log})
 	if err != nil {
@@ -56,7 +100,7 @@ func StartUpstream(ctx context.Context, root, shared string, issues int, appID s
 		return fail(err)
 	}
 	t0 := time.Now()
-	seed := exec.CommandContext(ctx, "bash", filepath.Join(shared, "seed.sh"), strconv.Itoa(issues))
+	seed := exec.CommandContext(ctx, "bash", filepath.Join(data, "seed.sh"), strconv.Itoa(issues))
 	seed.Env = append(os.Environ(), fmt.Sprintf("PSQL=%s %s -v ON_ERROR_STOP=1 -q", filepath.Join(pglocal.DefaultBinDir, "psql"), url))
 	out, err := seed.CombinedOutput()
 	if err != nil {

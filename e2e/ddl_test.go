@@ -228,7 +228,7 @@ func TestSpine_DDLResync(t *testing.T) {
 
 // checkSchemaEqualsPostgres compares the replica's user tables with the
 // published tables upstream: names, columns with the declared types the
-// replica gives them (replication.md §11), and indexes.
+// replica gives them (docs/replica.md §2), and indexes.
 func (s *spine) checkSchemaEqualsPostgres() {
 	t := s.t
 	t.Helper()

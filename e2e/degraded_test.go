@@ -11,7 +11,7 @@ import (
 )
 
 // TestSpine_Degraded runs the change-streamer as a role that cannot create
-// event triggers, as on hosted Postgres (replication.md §8.4): without
+// event triggers, as on hosted Postgres (README, "Bad conditions"): without
 // schema changes it resumes across restarts, and a schema change under a
 // live workload forces a new initial sync that the replica rebuilds from.
 func TestSpine_Degraded(t *testing.T) {

@@ -46,7 +46,7 @@ CREATE TABLE txlog (n int8 PRIMARY KEY, client int4 NOT NULL, seq int4 NOT NULL)
 `
 
 // everyCols lists every's columns with the Postgres expression that yields
-// what the replica stores for them (replication.md §5), so that Postgres
+// what the replica stores for them (docs/replica.md §4), so that Postgres
 // itself, not jetsync's converters, says what the replica must hold.
 var everyCols = []struct{ name, expr string }{
 	{"id", "id"}, {"i2", "i2"}, {"i4", "i4"}, {"i8", "i8"},

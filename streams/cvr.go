@@ -14,7 +14,7 @@ import (
 )
 
 // The CVR stream holds every client group's Client View Record
-// (../shared/spec/server-model.md §3) as events, one subject per group, so
+// (docs/protocol.md §6.4) as events, one subject per group, so
 // that any view-syncer can rebuild a group's CVR and catch its clients up.
 // README.md, section "CVR stream", documents it.
 
@@ -227,11 +227,11 @@ type CVRSnapshot struct {
 	Version string `json:"version"`
 }
 
-// CVRInstance is the group's own record (server-model.md §3.1 instances).
+// CVRInstance is the group's own record (zero-cache's CVR instance row).
 type CVRInstance struct {
 	Version        string `json:"version"`
 	ReplicaVersion string `json:"replicaVersion,omitempty"`
-	// TTLClockMs is the group's TTL clock (server-model.md §6).
+	// TTLClockMs is the group's TTL clock (docs/protocol.md §12).
 	TTLClockMs   float64 `json:"ttlClockMs"`
 	LastActiveMs int64   `json:"lastActiveMs"`
 	Owner        string  `json:"owner,omitempty"`

@@ -123,7 +123,7 @@ type Part struct {
 }
 
 // Row maps column names to values in the client's JSON form
-// (../shared/spec/replication.md §5): numbers, strings, booleans, null, and
+// (docs/replica.md §4): numbers, strings, booleans, null, and
 // parsed JSON for json, jsonb and array columns.
 type Row map[string]json.RawMessage
 
@@ -191,7 +191,7 @@ type ColumnSpec struct {
 	CharacterMaximumLength int  `json:"characterMaximumLength,omitempty"`
 }
 
-// Kind is the client-facing type of a column (replication.md §5).
+// Kind is the client-facing type of a column (docs/replica.md §4).
 type Kind string
 
 // Kinds.

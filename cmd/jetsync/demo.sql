@@ -1,5 +1,5 @@
 -- The demo upstream of `jetsync run` without ZERO_UPSTREAM_DB: the benchmark
--- app's tables (../shared/bench/schema.sql) with a few rows. Loaded once, into
+-- app's tables (testdata/bench/schema.sql) with a few rows. Loaded once, into
 -- a fresh database; edit it freely with psql afterwards.
 
 CREATE TABLE "user" (

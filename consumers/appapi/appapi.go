@@ -2,7 +2,7 @@
 // endpoint (ZERO_QUERY_URL), which turns synced queries (name and args) into
 // ASTs, and the mutate endpoint (ZERO_MUTATE_URL), which runs custom
 // mutators. It follows zero-cache 1.9.0's fetchFromAPIServer,
-// CustomQueryTransformer and PusherService (server-model.md §9): the same
+// CustomQueryTransformer and PusherService (docs/protocol.md §14): the same
 // URL choice and allow-list, headers, retries, error bodies, response
 // shapes, transform cache and push batching.
 //

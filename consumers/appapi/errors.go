@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Error kinds, origins and reasons of the bodies in sync-protocol.md §9.1.
+// Error kinds, origins and reasons of the bodies in docs/protocol.md §9.1.
 const (
 	KindTransformFailed = "TransformFailed"
 	KindPushFailed      = "PushFailed"
@@ -31,7 +31,7 @@ type MutationID struct {
 
 // Failure is the failure of a whole request to the API server: the body of
 // the TransformFailed or PushFailed error frame the client expects
-// (sync-protocol.md §9.1). MarshalJSON writes that body, so the view-syncer
+// (docs/protocol.md §9.1). MarshalJSON writes that body, so the view-syncer
 // sends ["error", failure] as it is.
 //
 // Failures that zero-cache makes itself have Origin "zeroCache" and a Reason

@@ -9,10 +9,10 @@ import (
 )
 
 // CleanupResultsMutation is the internal mutator zero-cache calls to delete
-// acknowledged mutation results (server-model.md §9.3).
+// acknowledged mutation results (docs/protocol.md §14).
 const CleanupResultsMutation = "_zero_cleanupResults"
 
-// Mutation is one mutation of a push (sync-protocol.md §4.5).
+// Mutation is one mutation of a push (docs/protocol.md §4.5).
 type Mutation struct {
 	Type      string          `json:"type"`
 	ID        int64           `json:"id"`

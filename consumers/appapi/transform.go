@@ -48,7 +48,7 @@ type QueryResult struct {
 }
 
 // QueryError is a per-query error from the API server. MarshalJSON writes the
-// element of the transformError frame (sync-protocol.md §5.8).
+// element of the transformError frame (docs/protocol.md §5.6).
 type QueryError struct {
 	// Kind is "app" (the query function threw) or "parse" (bad args).
 	Kind    string
@@ -328,7 +328,7 @@ func astHash(canon []byte) string {
 }
 
 // decodeFailure reads a TransformFailed or PushFailed body; its variants are
-// those of the client's schema (sync-protocol.md §9.1).
+// those of the client's schema (docs/protocol.md §9.1).
 func decodeFailure(kind string, obj map[string]json.RawMessage) (*Failure, error) {
 	f := &Failure{Kind: kind}
 	var err error

@@ -1,6 +1,6 @@
 // Package connctx keeps a client group's per-connection auth state and its
-// auth maintenance schedule: zero-cache's connection context manager (seed
-// 000, server-model.md §10.3–§10.5).
+// auth maintenance schedule: zero-cache's connection context manager
+// (docs/protocol.md §13).
 //
 // A Manager is a state machine with an injected Clock. It performs no I/O:
 // revalidation, retransformation and failing a client are Effects that the

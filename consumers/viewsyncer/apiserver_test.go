@@ -15,7 +15,7 @@ import (
 )
 
 // syncedQueriesFile holds the ASTs the transcripts' app
-// (../../../shared/spec/transcripts/app) returns for the synced queries the
+// (testdata/spec/transcripts/app) returns for the synced queries the
 // transcripts name: handleQueryRequest of @rocicorp/zero 1.9.0 run over
 // app/queries.mjs, under Node 22, with the ids, names and args of their
 // desired-query puts.
@@ -212,7 +212,7 @@ func (a *apiServer) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 // mutate runs one mutation as handleMutateRequest does, in one upstream
-// transaction with the lmid bookkeeping (server-model.md §9.4).
+// transaction with the lmid bookkeeping (docs/protocol.md §8).
 func (a *apiServer) mutate(group, client string, id int64, name string, args []json.RawMessage) any {
 	var arg map[string]json.RawMessage
 	if len(args) > 0 {

@@ -163,7 +163,7 @@ func (v *tokenVerifier) checkClaims(claims jwt.MapClaims, userID string) error {
 }
 
 // authenticate resolves a connection's token as zero-cache's resolveAuth
-// does (server-model.md §10.2): no token is a logged-out connection; with a
+// does (docs/protocol.md §13): no token is a logged-out connection; with a
 // key configured a token must be a valid JWT for userID; without one it is
 // opaque and passed through to the API server when both its query and
 // mutate URLs are configured; otherwise zero-cache refuses it on connect
@@ -194,7 +194,7 @@ func (s *Server) authenticate(ctx context.Context, token, userID string, connect
 }
 
 // opaqueTokens reports whether tokens may be opaque without a key: the API
-// server, at both endpoints, is then their authority (server-model.md §10.1).
+// server, at both endpoints, is then their authority (docs/protocol.md §13).
 func (s *Server) opaqueTokens() bool {
 	return s.api.QueryConfigured() && s.api.MutateConfigured()
 }

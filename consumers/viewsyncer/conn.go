@@ -20,7 +20,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
-// Timing of the downstream (sync-protocol.md §10).
+// Timing of the downstream (docs/protocol.md §10).
 const (
 	// idlePong is how long the server stays silent before it sends an
 	// unsolicited pong, so that a client waiting behind slow work keeps
@@ -72,7 +72,7 @@ type conn struct {
 	wake      chan struct{}
 }
 
-// connectParams are the URL's query parameters (sync-protocol.md §2.1).
+// connectParams are the URL's query parameters (docs/protocol.md §2.1).
 type connectParams struct {
 	clientID, clientGroupID, userID string
 	baseCookie                      string
@@ -155,7 +155,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	log := s.log.With("wsid", r.URL.Query().Get("wsid"))
 
 	// Browsers hide failed upgrades, so bad requests are told on the socket
-	// (sync-protocol.md §2.1).
+	// (docs/protocol.md §2.1).
 	p, err := parseConnectParams(r.URL.Query())
 	if err == nil && proto == "" {
 		err = errors.New("missing Sec-WebSocket-Protocol")

@@ -10,7 +10,7 @@ import (
 )
 
 // via is the connection whose credentials transform the group's synced
-// queries (server-model.md §9.1): all of them (initConnection, updateAuth,
+// queries (docs/protocol.md §14): all of them (initConnection, updateAuth,
 // the background retransform), or only those without a pipeline.
 type via struct {
 	c   *conn

@@ -211,7 +211,7 @@ func TestServer_Push(t *testing.T) {
 	})
 }
 
-// TestServer_AuthMaintenance checks the periodic revalidation (seed 000):
+// TestServer_AuthMaintenance checks the periodic revalidation (docs/protocol.md §13):
 // a client whose token the API server now refuses is failed alone, the
 // group's other client keeps syncing; a transient failure fails nobody.
 func TestServer_AuthMaintenance(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
-// cvr is a client group's Client View Record (server-model.md §3): what
+// cvr is a client group's Client View Record (docs/protocol.md §6.4): what
 // the group's clients have been told, with the version at which each piece
 // last changed, so that any client can be caught up from its cookie.
 type cvr struct {
@@ -22,7 +22,7 @@ type cvr struct {
 	clientSchema   json.RawMessage
 	// userID pins the group to one user once an authenticated client joined.
 	userID string
-	// ttlClockMs is the group's TTL clock (server-model.md §6) as of its
+	// ttlClockMs is the group's TTL clock (docs/protocol.md §12) as of its
 	// last sync; it advances only while the group has connections.
 	ttlClockMs float64
 

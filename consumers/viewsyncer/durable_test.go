@@ -247,8 +247,8 @@ func waitUnloaded(t *testing.T, e *env, group string) {
 	})
 }
 
-// The TTL clock stops while a group has no connection (server-model.md
-// §6), so an inactive query outlives an unloaded group's absence, and
+// The TTL clock stops while a group has no connection (docs/protocol.md
+// §12), so an inactive query outlives an unloaded group's absence, and
 // expires once its clients are back for the rest of its TTL.
 func TestDurable_TTLWhileUnloaded(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 30, durable: true, groupIdle: 50 * time.Millisecond})

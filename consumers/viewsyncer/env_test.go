@@ -30,7 +30,7 @@ import (
 )
 
 // captureSecret is the throwaway secret the transcripts were captured with
-// (../../../shared/spec/transcripts/README.md).
+// (testdata/spec/transcripts/README.md).
 const captureSecret = "zpeer-dev-secret-0123456789abcdef"
 
 // env is a real replica pipeline: an embedded JetStream with the shard's
@@ -261,7 +261,7 @@ func col(name string, pos int, typ string, kind streams.Kind, notNull bool) stre
 	return streams.ColumnSpec{Name: name, Pos: pos, DataType: typ, Kind: kind, NotNull: notNull}
 }
 
-// benchTables are ../../../shared/bench/schema.sql's tables.
+// benchTables are testdata/bench/schema.sql's tables.
 var benchTables = []streams.TableSpec{
 	{Schema: "public", Name: "user", PrimaryKey: []string{"id"}, Columns: []streams.ColumnSpec{
 		col("id", 1, "text", streams.KindString, true), col("name", 2, "text", streams.KindString, true)}},
@@ -276,15 +276,15 @@ var benchTables = []streams.TableSpec{
 		col("body", 3, "text", streams.KindString, true), col("created", 4, "timestamptz", streams.KindNumber, true)}},
 	{Schema: "public", Name: "issue_label", PrimaryKey: []string{"issue_id", "label_id"}, Columns: []streams.ColumnSpec{
 		col("issue_id", 1, "text", streams.KindString, true), col("label_id", 2, "text", streams.KindString, true)}},
-	// The app's lastMutationID table (server-model.md §9.4).
+	// The app's lastMutationID table (docs/protocol.md §8).
 	{Schema: "zpeer_0", Name: "clients", PrimaryKey: []string{"clientGroupID", "clientID"}, Columns: []streams.ColumnSpec{
 		col("clientGroupID", 1, "text", streams.KindString, true), col("clientID", 2, "text", streams.KindString, true),
 		col("lastMutationID", 3, "int8", streams.KindNumber, true), col("userID", 4, "text", streams.KindString, false)}},
-	// The app's mutation results (server-model.md §9.4).
+	// The app's mutation results (docs/protocol.md §8).
 	{Schema: "zpeer_0", Name: "mutations", PrimaryKey: []string{"clientGroupID", "clientID", "mutationID"}, Columns: []streams.ColumnSpec{
 		col("clientGroupID", 1, "text", streams.KindString, true), col("clientID", 2, "text", streams.KindString, true),
 		col("mutationID", 3, "int8", streams.KindNumber, true), col("result", 4, "json", streams.KindJSON, true)}},
-	// The app's legacy permissions (permissions.md §2).
+	// The app's legacy permissions (docs/replica.md §6).
 	{Schema: "zpeer", Name: "permissions", PrimaryKey: []string{"lock"}, Columns: []streams.ColumnSpec{
 		col("permissions", 1, "jsonb", streams.KindJSON, false), col("hash", 2, "text", streams.KindString, false),
 		col("lock", 3, "bool", streams.KindBoolean, true)}},
@@ -302,7 +302,7 @@ func raw(v any) json.RawMessage {
 	return b
 }
 
-// transcriptPermissions is ../../../shared/spec/transcripts/app/permissions.json.
+// transcriptPermissions is testdata/spec/transcripts/app/permissions.json.
 const transcriptPermissions = `{"tables":{` +
 	`"user":{"row":{"select":[["allow",{"type":"and","conditions":[]}]],"update":{}}},` +
 	`"issue":{"row":{"select":[["allow",{"type":"and","conditions":[]}]],"update":{}}},` +
@@ -313,7 +313,7 @@ const transcriptPermissions = `{"tables":{` +
 // epoch2024 is 2024-01-01 00:00:00+00 in epoch milliseconds.
 const epoch2024 = 1704067200000
 
-// seedRows generates ../../../shared/bench/seed.sh's rows (2 comments per
+// seedRows generates testdata/bench/seed.sh's rows (2 comments per
 // issue), in client form.
 func seedRows(issues int) map[string][][]json.RawMessage {
 	out := map[string][][]json.RawMessage{}

@@ -15,7 +15,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
-// TTLs of desired queries (query-ast.md §10.1).
+// TTLs of desired queries (docs/protocol.md §12).
 const (
 	DefaultTTL = 5 * time.Minute
 	MaxTTL     = 10 * time.Minute
@@ -176,7 +176,7 @@ func (g *group) beginConfig() *update {
 }
 
 // beginQuery starts a query-driven update at replica state version state:
-// the CVR moves to it if it is newer (server-model.md §4.1).
+// the CVR moves to it if it is newer (docs/protocol.md §6.3).
 func (g *group) beginQuery(state string) *update {
 	u := &update{from: g.cvr.version, version: g.cvr.version, query: true, rowStart: map[string]rowStart{}}
 	if state > stateOf(g.cvr.version) {
@@ -278,7 +278,7 @@ func ttlOf(d *desire) time.Duration {
 }
 
 // deleteClient inactivates a client's queries with their TTLs and drops it
-// from the group (server-model.md §7).
+// from the group (docs/protocol.md §4.3).
 func (g *group) deleteClient(u *update, id string, clock float64) {
 	cr := g.cvr.clients[id]
 	if cr == nil || cr.deleted {
@@ -339,7 +339,7 @@ func (g *group) nextEviction(clock float64) (next float64, ok bool) {
 }
 
 // ttlClock advances the group's TTL clock to now while it runs, and reads
-// it (server-model.md §6).
+// it (docs/protocol.md §12).
 func (g *group) ttlClock(now time.Time) float64 {
 	if !g.clockAt.IsZero() {
 		if d := now.Sub(g.clockAt); d > 0 {
@@ -548,7 +548,7 @@ func (g *group) heldRows() map[string]map[string]struct{} {
 }
 
 // replicaChanged is the error for a CVR built from another replica
-// (sync-protocol.md §6.4): its rows cannot be caught up from this one.
+// (docs/protocol.md §6.4): its rows cannot be caught up from this one.
 func replicaChanged(cvrVersion, dbVersion string) *protocolError {
 	return newProtocolError(kindClientNotFound, "Cannot sync from older replica: CVR=%s, DB=%s", cvrVersion, dbVersion)
 }
@@ -562,7 +562,7 @@ func (g *group) astOf(hash string) *zql.AST {
 
 // prepare (re)compiles p for snap when the schema, the read rules or the
 // group's claims changed since it last ran. A legacy query runs with the
-// rules injected and bound (permissions.md §7); internal queries run as
+// rules injected and bound (docs/query-ast.md §1); internal queries run as
 // they are. rebuilt reports that p now runs a different AST, so its rows
 // must be re-hydrated.
 func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
@@ -758,7 +758,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // finishRows turns the update's reference changes into row patches: a put
 // for a row that appeared or changed, a del (and a tombstone) for one no got
-// query holds any more (server-model.md §4.3).
+// query holds any more (docs/protocol.md §7.1).
 //
 // A row already streamed as a put must end as one: a client would
 // otherwise hold a row the CVR does not record.
@@ -820,7 +820,7 @@ func (g *group) reset(ctx context.Context) error {
 // poke sends each ready connection one poke to the CVR's version: the
 // update's patches to those at its starting version, a catch-up from their
 // cookie to the others, and an empty poke to a connection not yet poked
-// (sync-protocol.md §7.2).
+// (docs/protocol.md §7.2).
 //
 // Connections that were streamed the update's first parts get the rest:
 // its other patches, then the pokeEnd.
@@ -914,7 +914,7 @@ func (g *group) delta(u *update, skip map[string]struct{}) *pokeContent {
 	return pc
 }
 
-// catchup is everything that changed after base (sync-protocol.md §6.4);
+// catchup is everything that changed after base (docs/protocol.md §6.4);
 // with no base, everything there is.
 func (g *group) catchup(base string, hasBase bool) *pokeContent {
 	pc := &pokeContent{}
@@ -962,7 +962,7 @@ func (pc *pokeContent) addQuery(q *queryRecord) {
 }
 
 // addRow adds a row's patch; rows of the internal clients table become
-// lastMutationIDChanges (sync-protocol.md §8).
+// lastMutationIDChanges (docs/protocol.md §8).
 func (g *group) addRow(pc *pokeContent, rec *rowRecord) {
 	if rec.table == g.s.clientsTable {
 		if rec.refs == nil {

@@ -12,7 +12,7 @@ import (
 )
 
 // attach registers c as its client's connection; an older one is closed
-// (the newest wins, sync-protocol.md §2.4).
+// (the newest wins, docs/protocol.md §2.4).
 func (g *group) attach(c *conn, authenticated bool, authData map[string]any) *protocolError {
 	unlock := g.lock()
 	defer unlock()
@@ -55,10 +55,10 @@ func (g *group) setAuth(authData map[string]any) {
 	g.authGen++
 }
 
-// updateAuth applies a connection's new token (server-model.md §10.2): a
+// updateAuth applies a connection's new token (docs/protocol.md §4.4): a
 // changed token is a new auth revision, which re-transforms the synced
 // queries with it and re-binds the legacy queries to its claims
-// (permissions.md §12). A failure fails the connection.
+// (docs/protocol.md §13). A failure fails the connection.
 func (g *group) updateAuth(ctx context.Context, c *conn, token string, claims map[string]any) error {
 	unlock := g.lock()
 	defer unlock()
@@ -162,7 +162,7 @@ func (g *group) dropViews() {
 func (g *group) current(c *conn) bool { return g.conns[c.clientID] == c }
 
 // initConnection registers the client and its queries, then catches it up
-// (server-model.md §5.2).
+// (docs/protocol.md §4.1).
 func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectionBody) error {
 	unlock := g.lock()
 	defer unlock()
@@ -216,7 +216,7 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 		endpoint{body.UserPushURL, body.UserPushHeaders}); err != nil {
 		return err
 	}
-	// Auth is checked before any data is sent (server-model.md §10.5).
+	// Auth is checked before any data is sent (docs/protocol.md §13).
 	if err := g.validateConn(ctx, c); err != nil {
 		return err
 	}
@@ -285,7 +285,7 @@ func (g *group) catchUpTo(ctx context.Context, snap *snapshot, v *via) error {
 // syncForClient syncs the group at snap for a config change of v's client,
 // transforming the synced queries with its credentials. A transform
 // failure is the client's: an auth failure also invalidates its
-// connection (server-model.md §10.5).
+// connection (docs/protocol.md §13).
 func (g *group) syncForClient(ctx context.Context, snap *snapshot, v *via) error {
 	val, err := g.syncVia(ctx, snap, v)
 	if err != nil {
@@ -441,7 +441,7 @@ const (
 
 // openSnapshotAt opens a replica snapshot at state version min or later: a
 // CVR written by a view-syncer whose replica was ahead of this one's must
-// not be served older rows (server-model.md §5.3). A snapshot of another
+// not be served older rows (docs/protocol.md §11). A snapshot of another
 // replica is returned at once, for the caller to reset the group.
 func (g *group) openSnapshotAt(ctx context.Context, min string) (*snapshot, error) {
 	deadline := time.Now().Add(replicaWait)

@@ -15,7 +15,7 @@ type metrics struct {
 	fallbacks   prometheus.Counter
 	rowsRead    prometheus.Counter
 
-	// zero-cache's metrics of seed 000 and server-model.md §11, named as
+	// zero-cache's metrics, named as
 	// zero.<category>.<name> is on a Prometheus endpoint.
 	lockWait             prometheus.Histogram
 	pipelineResets       *prometheus.CounterVec

@@ -10,11 +10,11 @@ import (
 
 // cleanupKey marks the pusher entries that carry _zero_cleanupResults
 // mutations: never combined with a client's pushes, and their failures
-// only logged (server-model.md §9.3).
+// only logged (docs/protocol.md §14).
 const cleanupKey = "\x00cleanup"
 
 // mutationPatch is a mutations row's mutationsPatch entry: a put of its
-// result, or a del once the row left (sync-protocol.md §8). Rows of
+// result, or a del once the row left (docs/protocol.md §8). Rows of
 // another group are left out.
 func (g *group) mutationPatch(rec *rowRecord) json.RawMessage {
 	type mutationID struct {
@@ -64,7 +64,7 @@ func (g *group) mutationPatch(rec *rowRecord) json.RawMessage {
 }
 
 // push forwards a push's custom mutations to the mutate endpoint through
-// the group's pusher (server-model.md §9.2). Legacy CRUD mutations are
+// the group's pusher (docs/protocol.md §14). Legacy CRUD mutations are
 // refused as zero-cache refuses them with ZERO_ENABLE_CRUD_MUTATIONS off.
 func (g *group) push(c *conn, body *appapi.PushBody) error {
 	if body.ClientGroupID != g.id {
@@ -103,7 +103,7 @@ func (g *group) push(c *conn, body *appapi.PushBody) error {
 
 // ackMutationResponses asks the API server to delete the client's mutation
 // results up to the acknowledged one; the deletes come back as
-// mutationsPatch dels (sync-protocol.md §4.6).
+// mutationsPatch dels (docs/protocol.md §4.6).
 func (g *group) ackMutationResponses(c *conn, id *appapi.MutationID) error {
 	if !g.s.api.MutateConfigured() {
 		return nil

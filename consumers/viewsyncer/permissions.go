@@ -15,7 +15,7 @@ import (
 )
 
 // permissions are the legacy read rules deployed in <app>.permissions
-// (permissions.md §4), as of one replica snapshot. They are immutable and
+// (docs/query-ast.md §1), as of one replica snapshot. They are immutable and
 // shared by every snapshot that has the same text, so pipelines tell a rule
 // change by pointer.
 type permissions struct {
@@ -27,7 +27,7 @@ type permissions struct {
 }
 
 // noPermissions is what the server enforces while nothing is deployed:
-// every table denies (permissions.md §5.1).
+// every table denies.
 var noPermissions = &permissions{selects: map[string][]zql.Condition{}}
 
 // permissionsConfig is the compiled rules' JSON schema
@@ -127,7 +127,7 @@ func loadPermissions(ctx context.Context, tx *sql.Tx, table string, sch *schema,
 }
 
 // transform injects the read rules into a legacy AST and binds the rules'
-// authData parameters to the connection's claims (permissions.md §6, §7). It
+// authData parameters to the connection's claims (docs/query-ast.md §1). It
 // returns a new AST; a's nodes are not modified.
 func (p *permissions) transform(a *zql.AST, authData map[string]any) *zql.AST {
 	out := p.node(a)
@@ -194,7 +194,7 @@ func cloneConds(cs []zql.Condition) []zql.Condition {
 func isTrue(c zql.Condition) bool  { return c.Type == zql.CondAnd && len(c.Conditions) == 0 }
 func isFalse(c zql.Condition) bool { return c.Type == zql.CondOr && len(c.Conditions) == 0 }
 
-// simplify is zero's simplifyCondition (permissions.md §7.3): one-member
+// simplify is zero's simplifyCondition: one-member
 // and/or unwrap, same-type members flatten one level, and FALSE in an and
 // or TRUE in an or decides it.
 func simplify(c zql.Condition) zql.Condition {
@@ -337,7 +337,7 @@ func scalar(v any) bool {
 
 // transformationHash identifies a bound transformed AST. Unlike zero's
 // hashOfAST it keeps TRUE and FALSE apart, so an unchanged hash really
-// means an unchanged result (permissions.md §9).
+// means an unchanged result.
 func transformationHash(a *zql.AST) string {
 	b, _ := json.Marshal(a)
 	h := fnv.New64a()

@@ -41,8 +41,8 @@ func sameAST(t *testing.T, got *zql.AST, want string) bool {
 	return string(a) == string(b)
 }
 
-// TestPermissions_Transform checks the worked examples of
-// permissions.md §13.
+// TestPermissions_Transform checks worked examples of zero-cache's rule
+// injection.
 func TestPermissions_Transform(t *testing.T) {
 	u1 := map[string]any{"sub": "u1", "role": "user"}
 	tests := []struct {

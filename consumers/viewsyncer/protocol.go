@@ -12,13 +12,13 @@ import (
 	"github.com/jetsync/jetsync/consumers/appapi"
 )
 
-// Protocol versions (sync-protocol.md §1).
+// Protocol versions (docs/protocol.md §1).
 const (
 	ProtocolVersion   = 51
 	MinServerProtocol = 30
 )
 
-// Error kinds the server sends (sync-protocol.md §9.1).
+// Error kinds the server sends (docs/protocol.md §9.1).
 const (
 	kindAuthInvalidated             = "AuthInvalidated"
 	kindClientNotFound              = "ClientNotFound"
@@ -40,7 +40,7 @@ type protocolError struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
 	Origin  string `json:"origin"`
-	// MaxBackoffMs caps a backoff kind's reconnect delay (sync-protocol.md
+	// MaxBackoffMs caps a backoff kind's reconnect delay (docs/protocol.md
 	// §9.4); 0 means at once.
 	MaxBackoffMs *int `json:"maxBackoffMs,omitempty"`
 
@@ -53,7 +53,7 @@ func newProtocolError(kind, format string, args ...any) *protocolError {
 	return &protocolError{Kind: kind, Message: fmt.Sprintf(format, args...), Origin: "zeroCache", closeCode: closeNormal}
 }
 
-// Close codes (sync-protocol.md §9.2).
+// Close codes (docs/protocol.md §9.2).
 const (
 	closeNormal   = 1000
 	closeProtocol = 1002
@@ -131,7 +131,7 @@ func invalidMessage(format string, args ...any) error {
 }
 
 // decodeUpstream decodes one client frame, [tag, body]. It accepts unknown
-// keys in bodies (zero-cache would not; sync-protocol.md §1 allows it) but
+// keys in bodies (zero-cache would not; docs/protocol.md §1) but
 // checks every field the server uses.
 func decodeUpstream(b []byte) (*upstream, error) {
 	var frame []json.RawMessage

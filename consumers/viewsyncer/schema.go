@@ -30,7 +30,7 @@ type schema struct {
 
 // loadSchema reads the table specs the replica keeps in _jetsync.tables.
 // Unsupported columns are left out and tables without a primary key are not
-// syncable (replication.md §5).
+// syncable (docs/replica.md §6).
 func loadSchema(ctx context.Context, tx *sql.Tx, prev *schema) (*schema, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT name, spec FROM "`+replica.TablesTable+`" ORDER BY name`)
 	if err != nil {
@@ -103,7 +103,7 @@ type clientSchema struct {
 
 // checkClientSchema reports every way the client's schema disagrees with
 // the replica, as zero-cache's SchemaVersionNotSupported does
-// (server-model.md §3.3).
+// (docs/protocol.md §4.1).
 func checkClientSchema(raw json.RawMessage, s *schema) error {
 	var cs clientSchema
 	if err := json.Unmarshal(raw, &cs); err != nil {

@@ -1,5 +1,5 @@
 // Package viewsyncer is jetsync's view-syncer: it speaks the Zero sync
-// protocol, version 51 (../../../shared/spec/sync-protocol.md), to
+// protocol, version 51 (docs/protocol.md), to
 // @rocicorp/zero clients over websockets, answering their AST queries from
 // the SQLite replica that a replica.Consumer keeps, and poking them as the
 // replica advances.
@@ -255,7 +255,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Close() error { return s.db.Close() }
 
 // Patterns are the http.ServeMux patterns to mount Handler on: zero-cache's
-// [/<base>]/sync/v<N>/<action> (sync-protocol.md §2.1).
+// [/<base>]/sync/v<N>/<action> (docs/protocol.md §2.1).
 var Patterns = []string{"/sync/{version}/{action}", "/{base}/sync/{version}/{action}"}
 
 // Handler serves the sync endpoint; mount it on Patterns. Any protocol

@@ -6,7 +6,7 @@ import (
 	"github.com/jetsync/jetsync/streams"
 )
 
-// Versions are CVR versions in their cookie form (sync-protocol.md §6.3):
+// Versions are CVR versions in their cookie form (docs/protocol.md §6.3):
 // "<stateVersion>" or "<stateVersion>:<lexi(configVersion)>". With the
 // replica's lexi watermarks as state versions, string order is version
 // order, so they are compared as strings, exactly as the client compares

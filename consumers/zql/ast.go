@@ -1,4 +1,4 @@
-// Package zql runs Zero query ASTs (../../../shared/spec/query-ast.md)
+// Package zql runs Zero query ASTs (docs/query-ast.md)
 // against a jetsync SQLite replica and computes the rows zero-cache 1.9.0
 // would sync for them: the result tree (root rows, related rows, hidden
 // junction rows), EXISTS witnesses and scalar-subquery companions.
@@ -25,7 +25,7 @@ import (
 	"math"
 )
 
-// AST mirrors the wire form of a Zero query (query-ast.md §2).
+// AST mirrors the wire form of a Zero query (docs/query-ast.md §2).
 type AST struct {
 	Schema  string               `json:"schema,omitempty"`
 	Table   string               `json:"table"`

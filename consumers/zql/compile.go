@@ -6,7 +6,7 @@ import (
 )
 
 // existsLimit caps the witnesses per parent row of a join the planner has
-// not flipped (query-ast.md §4.3). zero caps permissions subqueries at 1,
+// not flipped (docs/query-ast.md §4.3). zero caps permissions subqueries at 1,
 // but their rows are never synced, so that cap changes nothing here.
 const existsLimit = 3
 

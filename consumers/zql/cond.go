@@ -18,7 +18,7 @@ func (c andCond) eval(h *hydration, r *row) (bool, error) {
 	return true, nil
 }
 
-// orCond with no members is FALSE (query-ast.md §3.1).
+// orCond with no members is FALSE (docs/query-ast.md §3.1).
 type orCond []cond
 
 func (c orCond) eval(h *hydration, r *row) (bool, error) {

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Kind is a column's client-facing value type (query-ast.md §6).
+// Kind is a column's client-facing value type (docs/query-ast.md §6).
 type Kind string
 
 // Kinds.

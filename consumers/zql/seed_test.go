@@ -14,7 +14,7 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// benchSchema is the client schema of ../../../shared/bench/schema.sql.
+// benchSchema is the client schema of testdata/bench/schema.sql.
 var benchSchema = Schema{Tables: map[string]TableSchema{
 	"user": {
 		Columns:    []Column{{"id", KindString}, {"name", KindString}},
@@ -72,7 +72,7 @@ const seedVersion = "01"
 // epoch2024 is 2024-01-01 00:00:00+00 in epoch milliseconds.
 const epoch2024 = 1704067200000
 
-// seedRows generates ../../../shared/bench/seed.sh's rows for issues and
+// seedRows generates testdata/bench/seed.sh's rows for issues and
 // cpi comments per issue, in client form, calling put for each.
 func seedRows(issues, cpi int, put func(table string, vals ...any) error) error {
 	users := max(10, issues/100)

@@ -47,7 +47,7 @@ import {zeroPostgresJS} from '@rocicorp/zero/server/adapters/postgresjs';
 import {queries} from './app/queries.mjs';
 import {schema} from './app/schema.mjs';
 
-// The custom mutators of ../../shared/spec/transcripts/app/mutators.mjs
+// The custom mutators of testdata/spec/transcripts/app/mutators.mjs
 // (the same definitions run optimistically in the client).
 export const mutators = defineMutators({
   issue: {

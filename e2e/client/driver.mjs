@@ -50,7 +50,7 @@ import {Zero, defineMutator, defineMutators} from '@rocicorp/zero';
 import {schema} from './app/schema.mjs';
 import {queries, shapes} from './app/queries.mjs';
 
-// The custom mutators of ../../shared/spec/transcripts/app/mutators.mjs, as
+// The custom mutators of testdata/spec/transcripts/app/mutators.mjs, as
 // api-server.mjs runs them on the server.
 const mutators = defineMutators({
   issue: {

@@ -24,6 +24,12 @@ var outside = regexp.MustCompile(strings.Join([]string{
 	`"[s]hared"\s*,\s*"(spec|bench)"`,
 }, "|"))
 
+// specFile matches a citation of one of the team's reference spec files by
+// bare name and section (TestPatterns lists examples): a reader of the
+// repository cannot open them. The project's own pages are docs/protocol.md, docs/replica.md
+// and docs/query-ast.md; a path into docs/ does not match.
+var specFile = regexp.MustCompile(`(^|[^/\w-])(sync-protocol|server-model|replication|query-ast|permissions|backup-and-restore)\.md\b`)
+
 // TestNoOutsideReferences fails when a file of the repository, tracked or
 // about to be (untracked and not ignored), reads or cites the reference
 // folder beside it. Fixtures live in testdata/, which may say where they
@@ -52,6 +58,9 @@ func TestNoOutsideReferences(t *testing.T) {
 			if m := outside.FindString(line); m != "" {
 				t.Errorf("%s:%d: %q refers outside the repository (use testdata/ or docs/): %s", f, i+1, m, strings.TrimSpace(line))
 			}
+			if m := specFile.FindStringSubmatch(line); m != nil {
+				t.Errorf("%s:%d: cites %s.md, which is not in the repository (cite docs/protocol.md, docs/replica.md or docs/query-ast.md): %s", f, i+1, m[2], strings.TrimSpace(line))
+			}
 		}
 	}
 }
@@ -68,6 +77,26 @@ func TestPatterns(t *testing.T) {
 	} {
 		if s = strings.ReplaceAll(s, "@", "shared"); !outside.MatchString(s) {
 			t.Errorf("not caught: %s", s)
+		}
+	}
+	for _, s := range []string{
+		"// Versions are cookies (sync-@.md §6.3).",
+		"// the TTL clock (server-@.md §6)",
+		"Values (`replic@.md` §5)",
+		"// AST (query-@.md §2).",
+	} {
+		s = strings.NewReplacer("sync-@", "sync-protocol", "server-@", "server-model", "query-@", "query-ast", "replic@", "replication").Replace(s)
+		if !specFile.MatchString(s) {
+			t.Errorf("spec citation not caught: %s", s)
+		}
+	}
+	for _, s := range []string{
+		"// AST (docs/query-ast.md §2).",
+		"[`docs/replica.md`](../docs/replica.md) §4",
+		"see my-replication.md",
+	} {
+		if specFile.MatchString(s) {
+			t.Errorf("false positive: %s", s)
 		}
 	}
 	for _, s := range []string{
@@ -142,4 +171,35 @@ func repoFiles(t *testing.T, root string) []string {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// TestReadmeListsEveryPackage fails when the README's layout section does
+// not name a folder that holds Go files, as `package` in backquotes.
+func TestReadmeListsEveryPackage(t *testing.T) {
+	root := moduleRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, layout, ok := strings.Cut(string(b), "\n## Layout\n")
+	if !ok {
+		t.Fatal(`README.md has no "## Layout" section`)
+	}
+	if i := strings.Index(layout, "\n## "); i >= 0 {
+		layout = layout[:i]
+	}
+	pkgs := map[string]bool{}
+	for _, f := range repoFiles(t, root) {
+		if strings.HasSuffix(f, ".go") && !strings.HasPrefix(f, "testdata/") && !strings.Contains(f, "/testdata/") {
+			pkgs[filepath.ToSlash(filepath.Dir(f))] = true
+		}
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("only %d packages found: the listing is broken", len(pkgs))
+	}
+	for p := range pkgs {
+		if !strings.Contains(layout, "| `"+p+"` |") {
+			t.Errorf("README.md's layout table has no row for package %s", p)
+		}
+	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/jetsync/jetsync/streams"
 )
 
-// Schema changes (replication.md §10). The shard's event triggers emit the
+// Schema changes (streams/README.md, "Schema changes"). The shard's event triggers emit the
 // published schema before and after each DDL command (setup.go, ddlSQL);
 // the decoder diffs the two, in zero-cache's order, into schema changes on
 // the touched tables' subjects.
@@ -290,7 +290,7 @@ func validate(t *ddlTable) error {
 }
 
 // diffSchemas returns the schema changes from prev to next in zero-cache's
-// order (replication.md §10.2): drop indexes, drop tables, alter kept tables
+// order (docs/replica.md §7): drop indexes, drop tables, alter kept tables
 // (rename, drop, update and add columns), create tables, create indexes.
 // SQLite refuses to drop an indexed column, hence indexes first. It also
 // returns the tables whose rows must be copied again.

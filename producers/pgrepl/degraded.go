@@ -16,7 +16,7 @@ import (
 	"github.com/jetsync/jetsync/streams"
 )
 
-// Degraded mode (replication.md §1, §8.4). Without the privilege to create
+// Degraded mode (README, "Bad conditions"). Without the privilege to create
 // event triggers, schema changes reach us only as pgoutput Relation
 // messages, which say too little to replicate them (no defaults, no
 // nullability, no indexes, and only from the table's next row change). As

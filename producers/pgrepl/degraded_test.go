@@ -15,7 +15,7 @@ import (
 )
 
 // TestDegraded_Source runs the producer as a role that cannot create event
-// triggers (replication.md §8.4): sessions without schema changes resume,
+// triggers (README, "Bad conditions"): sessions without schema changes resume,
 // and a schema change forces a new initial sync that carries it.
 func TestDegraded_Source(t *testing.T) {
 	outer := t // a Source started in a subtest outlives it

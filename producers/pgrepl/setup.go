@@ -13,8 +13,7 @@ import (
 	"github.com/jetsync/jetsync/streams"
 )
 
-// names are the upstream object names zero-cache uses for one shard
-// (replication.md §2).
+// names are the upstream object names zero-cache uses for one shard.
 type names struct {
 	app, shard string // "zero", "zero_0"
 	shardNum   int
@@ -52,8 +51,8 @@ type upstream struct {
 	ddlDetection bool
 }
 
-// setup checks the upstream and creates zero-cache's shard objects
-// (replication.md §3), idempotently.
+// setup checks the upstream and creates zero-cache's shard objects,
+// idempotently.
 func setup(ctx context.Context, conn *pgx.Conn, n names, configured []string) (upstream, error) {
 	var u upstream
 	var walLevel string
@@ -268,7 +267,7 @@ CREATE TABLE IF NOT EXISTS {shard}."publishedSchema" (
 }
 
 // ddlSQL installs the functions and event triggers that report DDL on
-// published tables as logical messages (replication.md §10.1). Events use
+// published tables as logical messages. Events use
 // protocol version 1: ddlStart carries the schema before the command,
 // ddlUpdate the schema before and after.
 func ddlSQL(n names) string {

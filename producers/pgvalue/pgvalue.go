@@ -1,6 +1,6 @@
 // Package pgvalue converts Postgres values in text format, as pgoutput sends
 // them during logical replication and as COPY ... TO STDOUT writes them, into
-// the client's JSON form (shared/spec/replication.md §5).
+// the client's JSON form (docs/replica.md §4).
 //
 // The text forms of dates and times depend on the session's DateStyle: this
 // package reads only ISO ("2024-01-02 03:04:05.678901+05:30"), which is

@@ -1,6 +1,6 @@
 // Package cvr is the client view record projection: it applies the CVR
 // stream's messages (streams.CVRMessage) to a SQLite state store laid out
-// like zero-cache's CVR tables (../../shared/spec/server-model.md §3.1), and
+// like zero-cache's CVR tables, and
 // reads back a group's state and catch-up diffs. Many groups share one
 // database. It is pure: SQLite only, no NATS, goroutines or clock.
 //

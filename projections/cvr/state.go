@@ -94,7 +94,7 @@ func Load(ctx context.Context, q Querier, groupID string) (*State, error) {
 }
 
 // Diff is what changed in a group after a base version: the records whose
-// patch version is greater (sync-protocol.md §6.4), each in its current
+// patch version is greater (docs/protocol.md §6.4), each in its current
 // state, sorted by identity. The caller applies the protocol's filters (for
 // a null base: only live rows, got queries, active desires of live clients;
 // internal queries never).

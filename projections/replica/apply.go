@@ -408,7 +408,7 @@ func (a *Applier) alterTable(ctx context.Context, tx *sql.Tx, old, t *table, ver
 }
 
 // bumpVersions raises the version of every row of the table to version, so
-// that clients are sent them again (replication.md §9.2).
+// that clients are sent them again (docs/replica.md §5).
 func bumpVersions(ctx context.Context, tx *sql.Tx, spec *streams.TableSpec, version string) error {
 	if _, err := tx.ExecContext(ctx,
 		`INSERT INTO "_zero.tableMetadata" ("schema", "table", minRowVersion) VALUES (?, ?, ?)

@@ -12,7 +12,7 @@ import (
 	"github.com/jetsync/jetsync/streams"
 )
 
-// Schema changes (replication.md §10.3). Each one that changes what rows
+// Schema changes (docs/replica.md §7). Each one that changes what rows
 // hold raises the table's minRowVersion to the change's watermark, so that
 // clients are sent every row again, and tells the Collector that the whole
 // table changed.

@@ -1,6 +1,6 @@
 // Package replica is the SQLite replica projection: it applies the change
 // stream's parts to a SQLite database laid out as zero-cache's replica
-// (../../shared/spec/replication.md §11), so that view-syncers can read it as
+// (docs/replica.md), so that view-syncers can read it as
 // they would read zero-cache's. It is pure: SQLite only, no NATS, goroutines
 // or clock.
 //

@@ -1,4 +1,4 @@
-// Copied from shared/spec/transcripts/app (only comments differ): the app the
+// Copied from testdata/spec/transcripts/app (only comments differ): the app the
 // reference transcripts were captured with.
 // Query definitions used in the transcripts (@rocicorp/zero 1.9.0, plain ESM).
 //

@@ -1,10 +1,10 @@
-// Copied from shared/spec/transcripts/app (only comments differ): the app the
+// Copied from testdata/spec/transcripts/app (only comments differ): the app the
 // reference transcripts were captured with.
 // Zero client schema of the app the transcripts were captured with
 // (@rocicorp/zero 1.9.0, plain ESM: no TypeScript loader needed).
 //
 // Table and column names are exactly those of the upstream Postgres tables
-// (shared/bench/schema.sql), so no client <-> server name mapping is involved.
+// (testdata/bench/schema.sql), so no client <-> server name mapping is involved.
 //
 // Exports:
 //   schema       passed to `new Zero({schema, ...})`; the client sends it as

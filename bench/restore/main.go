@@ -28,9 +28,9 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/jetsync/jetsync/bench/internal/benchenv"
+	"github.com/jetsync/jetsync/consumers/backup"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/restore"
-	"github.com/jetsync/jetsync/producers/backup"
 	"github.com/jetsync/jetsync/streams"
 )
 

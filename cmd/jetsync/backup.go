@@ -16,9 +16,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/consumers/backup"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/restore"
-	"github.com/jetsync/jetsync/producers/backup"
 	"github.com/jetsync/jetsync/streams"
 )
 

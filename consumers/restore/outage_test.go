@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/jetsync/jetsync/producers/backup/backuptest"
+	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 )
 
 // TestRestore_R14_NATSRestarts restarts the NATS server while a restore

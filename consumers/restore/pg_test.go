@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/producers/backup"
-	"github.com/jetsync/jetsync/producers/backup/backuptest"
+	"github.com/jetsync/jetsync/consumers/backup"
+	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 )

@@ -13,8 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/consumers/restore"
-	"github.com/jetsync/jetsync/producers/backup/backuptest"
 	"github.com/jetsync/jetsync/streams"
 )
 

@@ -20,9 +20,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetsync/jetsync/consumers/backup"
+	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/consumers/restore"
-	"github.com/jetsync/jetsync/producers/backup"
-	"github.com/jetsync/jetsync/producers/backup/backuptest"
 	"github.com/jetsync/jetsync/streams"
 )
 

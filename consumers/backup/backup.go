@@ -1,8 +1,11 @@
-// Package backup is the producer side of jetsync's backups: it snapshots
-// the change-streamer's backup replica into a JetStream object store,
+// Package backup is the writing side of jetsync's backups (its Producer
+// produces snapshots; consumers/restore reads them): it snapshots the
+// change-streamer's backup replica into a JetStream object store,
 // periodically and on request, and runs the backup monitor, which purges
 // the change stream only below what every snapshot restorer, connected
-// replica and protected consumer may still need.
+// replica and protected consumer may still need. It sits among the
+// consumers because what it reads is a replica, the product of
+// projections/replica, not an upstream (ARCHITECTURE.md).
 package backup
 
 import (

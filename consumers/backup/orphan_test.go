@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/producers/backup"
-	"github.com/jetsync/jetsync/producers/backup/backuptest"
+	"github.com/jetsync/jetsync/consumers/backup"
+	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 )
 
 // TestProducer_R12_RemovesOrphanChunks: the chunks a killed upload left, which

@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetsync/jetsync/producers/backup"
-	"github.com/jetsync/jetsync/producers/backup/backuptest"
+	"github.com/jetsync/jetsync/consumers/backup"
+	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/streams"
 )
 

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetsync/jetsync/producers/backup"
-	"github.com/jetsync/jetsync/producers/backup/backuptest"
+	"github.com/jetsync/jetsync/consumers/backup"
+	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/streams"
 )
 

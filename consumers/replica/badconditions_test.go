@@ -99,7 +99,7 @@ func TestConsumer_DiskFull(t *testing.T) {
 	t.Logf("disk full by %s", mode)
 	file := filepath.Join(dir, "replica.db")
 	r := e.start(e.config(file))
-	r.waitWM(t, e.wm)
+	r.waitWM(t, e.WM)
 
 	// 64 transactions of 16 KiB each: four times the disk.
 	title := strings.Repeat("x", 16<<10)
@@ -117,11 +117,11 @@ func TestConsumer_DiskFull(t *testing.T) {
 		e.tx(ins(issue(fmt.Sprintf("late%d", i), "late", i)))
 	}
 	waitLong(t, 30*time.Second, "a retry", func() bool { return strings.Contains(r.logs.String(), "replica disk still full") })
-	if r.c.State().Watermark == e.wm {
+	if r.c.State().Watermark == e.WM {
 		t.Fatal("the replica caught up on a full disk")
 	}
 	grow()
-	waitLong(t, 60*time.Second, "the replica to catch up", func() bool { return r.c.State().Watermark == e.wm })
+	waitLong(t, 60*time.Second, "the replica to catch up", func() bool { return r.c.State().Watermark == e.WM })
 	elapsed := time.Since(full)
 	select {
 	case <-r.done:
@@ -214,7 +214,7 @@ func TestConsumer_CorruptReplica(t *testing.T) {
 			file := filepath.Join(dir, "replica.db")
 			r := e.start(e.config(file))
 			e.tx(ins(issue("a", "A", 1)))
-			r.waitWM(t, e.wm)
+			r.waitWM(t, e.WM)
 			if err := r.stop(); err != nil {
 				t.Fatal(err)
 			}
@@ -229,11 +229,11 @@ func TestConsumer_CorruptReplica(t *testing.T) {
 			e.tx(ins(issue("b", "B", 2)))
 			var requests chan *nats.Msg
 			if tc.purge {
-				if err := e.stream.Purge(context.Background(), jetstream.WithPurgeKeep(1)); err != nil {
+				if err := e.Stream.Purge(context.Background(), jetstream.WithPurgeKeep(1)); err != nil {
 					t.Fatal(err)
 				}
 				requests = make(chan *nats.Msg, 10)
-				sub, err := e.nc.ChanSubscribe(e.shard.ResyncSubject(), requests)
+				sub, err := e.nc.ChanSubscribe(e.Shard.ResyncSubject(), requests)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -254,7 +254,7 @@ func TestConsumer_CorruptReplica(t *testing.T) {
 				e.tx(ins(issue("c", "C", 3)))
 				want = 3
 			}
-			r2.waitWM(t, e.wm)
+			r2.waitWM(t, e.WM)
 			if got := query(t, file, "SELECT count(*) FROM issue"); len(got) != 1 || got[0] != strconv.Itoa(want) {
 				t.Errorf("issue rows = %v; want %d", got, want)
 			}

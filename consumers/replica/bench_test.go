@@ -13,8 +13,8 @@ import (
 // SQLite: b.N rows of six columns, in messages of 5000 rows.
 func BenchmarkConsumerInitialSync(b *testing.B) {
 	e := newEnv(b)
-	v := e.nextWM()
-	e.version = v
+	v := e.NextWM()
+	e.Version = v
 	spec := streams.TableSpec{Schema: "public", Name: "item", PrimaryKey: []string{"id"}, Columns: []streams.ColumnSpec{
 		{Name: "id", Pos: 1, DataType: "text", Kind: streams.KindString, NotNull: true},
 		{Name: "title", Pos: 2, DataType: "text", Kind: streams.KindString},
@@ -23,22 +23,22 @@ func BenchmarkConsumerInitialSync(b *testing.B) {
 		{Name: "score", Pos: 5, DataType: "float8", Kind: streams.KindNumber},
 		{Name: "created", Pos: 6, DataType: "timestamptz", Kind: streams.KindNumber},
 	}}
-	resetSeq := e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: 0, Changes: []streams.Change{{
+	resetSeq := e.Publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: 0, Changes: []streams.Change{{
 		Op: streams.OpReset, Reset: &streams.Reset{ReplicaVersion: v, Publications: []string{"p"}, SystemID: "1", Slot: "s"},
 	}}}}})
 	num := 1
-	e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: num, Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &spec}}}}})
+	e.Publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: num, Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &spec}}}}})
 	num++
 	for lo := 0; lo < b.N; lo += 5000 {
 		var rows [][]json.RawMessage
 		for i := lo; i < min(b.N, lo+5000); i++ {
 			rows = append(rows, []json.RawMessage{raw(fmt.Sprintf("i%07d", i)), raw(fmt.Sprintf("title of item %d", i)), raw(i), raw(i%2 == 0), raw(float64(i) / 7), raw(1764504000123.5 + float64(i))})
 		}
-		e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: num, Changes: []streams.Change{{Op: streams.OpBackfill, Columns: []string{"id", "title", "n", "open", "score", "created"}, Rows: rows}}}}})
+		e.Publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: num, Changes: []streams.Change{{Op: streams.OpBackfill, Columns: []string{"id", "title", "n", "open", "score", "created"}, Rows: rows}}}}})
 		num++
 	}
-	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: num, Last: true, Changes: []streams.Change{}}}})
-	e.putUpstream(resetSeq)
+	e.Publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: num, Last: true, Changes: []streams.Change{}}}})
+	e.PutUpstream(resetSeq)
 	b.ResetTimer()
 	start := time.Now()
 	r := e.start(e.config(b.TempDir() + "/replica.db"))

@@ -25,25 +25,25 @@ func TestConsumer_Run(t *testing.T) {
 		e := newEnv(t)
 		resetSeq := e.initialSync(250)
 		r := e.start(e.config(tempFile(t)))
-		r.waitWM(t, e.version)
+		r.waitWM(t, e.Version)
 		if got := query(t, r.file, "SELECT count(*) FROM issue"); got[0] != "250" {
 			t.Fatalf("issue rows after initial sync = %v; want 250", got)
 		}
 		st := r.c.State()
-		if st.ReplicaVersion != e.version || st.ResetSeq != resetSeq {
-			t.Errorf("State = %+v; want replica version %s, reset seq %d", st, e.version, resetSeq)
+		if st.ReplicaVersion != e.Version || st.ResetSeq != resetSeq {
+			t.Errorf("State = %+v; want replica version %s, reset seq %d", st, e.Version, resetSeq)
 		}
 
 		e.tx(streams.Change{Op: streams.OpTruncate})
 		e.tx(ins(issue("a", "A", 1)), ins(issue("b", "B", 2)), ins(issue("c", "C", 3)))
-		wmIns := e.wm
+		wmIns := e.WM
 		e.tx(upd(nil, streams.Row{"id": raw("a"), "title": raw("A2")}))
 		e.tx(upd(streams.Row{"id": raw("b")}, issue("bb", "B2", 20)))
 		last := e.tx(del("c"))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		want := []string{
-			"a|A2|1|" + streams.Lexi(e.lsn-16),
-			"bb|B2|20|" + streams.Lexi(e.lsn-8),
+			"a|A2|1|" + streams.Lexi(e.LSN-16),
+			"bb|B2|20|" + streams.Lexi(e.LSN-8),
 		}
 		if diff := cmp.Diff(want, query(t, r.file, issues)); diff != "" {
 			t.Errorf("issue rows (-want +got):\n%s", diff)
@@ -54,11 +54,11 @@ func TestConsumer_Run(t *testing.T) {
 		}
 		// The watermark's copy in the state bucket.
 		waitFor(t, "watermark in KV", func() bool {
-			kve, err := e.kv.Get(context.Background(), streams.KeyWatermark("task1", "replica"))
-			return err == nil && string(kve.Value()) == e.wm
+			kve, err := e.KV.Get(context.Background(), streams.KeyWatermark("task1", "replica"))
+			return err == nil && string(kve.Value()) == e.WM
 		})
 		// Everything is acked once committed.
-		cons, err := e.stream.Consumer(context.Background(), "task1_replica")
+		cons, err := e.Stream.Consumer(context.Background(), "task1_replica")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,13 +77,13 @@ func TestConsumer_Run(t *testing.T) {
 		for i := range 50 {
 			e.tx(ins(issue(string(rune('a'+i%26))+strings.Repeat("x", i), "T", i)))
 		}
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		if err := r.stop(); err != nil {
 			t.Fatal(err)
 		}
-		kve, err := e.kv.Get(context.Background(), streams.KeyWatermark("task1", "replica"))
-		if err != nil || string(kve.Value()) != e.wm {
-			t.Fatalf("watermark in KV after Run = %v, %v; want %s", kve, err, e.wm)
+		kve, err := e.KV.Get(context.Background(), streams.KeyWatermark("task1", "replica"))
+		if err != nil || string(kve.Value()) != e.WM {
+			t.Fatalf("watermark in KV after Run = %v, %v; want %s", kve, err, e.WM)
 		}
 	})
 
@@ -96,8 +96,8 @@ func TestConsumer_Run(t *testing.T) {
 			[]streams.Change{ins(issue("b", "B", 2)), del("a")},
 			[]streams.Change{upd(nil, issue("b", "B3", 3))},
 		)
-		r.waitWM(t, e.wm)
-		want := []string{"b|B3|3|" + e.wm}
+		r.waitWM(t, e.WM)
+		want := []string{"b|B3|3|" + e.WM}
 		if diff := cmp.Diff(want, query(t, r.file, issues)); diff != "" {
 			t.Errorf("issue rows (-want +got):\n%s", diff)
 		}
@@ -107,14 +107,14 @@ func TestConsumer_Run(t *testing.T) {
 		e := newEnv(t)
 		e.initialSync(0)
 		r := e.start(e.config(tempFile(t)))
-		r.waitWM(t, e.version)
-		wm := e.nextWM()
-		e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Changes: []streams.Change{ins(issue("a", "A", 1))}}}})
-		e.publish(&streams.Message{Schema: "app", Table: "user", Parts: []streams.Part{{Watermark: wm, Num: 1, Changes: []streams.Change{{Op: streams.OpInsert, New: streams.Row{"id": raw(2), "name": raw("bob")}}}}}})
-		seq := e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Num: 2, Changes: []streams.Change{ins(issue("b", "B", 2))}}}})
+		r.waitWM(t, e.Version)
+		wm := e.NextWM()
+		e.Publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.WM, Num: 0, Changes: []streams.Change{ins(issue("a", "A", 1))}}}})
+		e.Publish(&streams.Message{Schema: "app", Table: "user", Parts: []streams.Part{{Watermark: wm, Num: 1, Changes: []streams.Change{{Op: streams.OpInsert, New: streams.Row{"id": raw(2), "name": raw("bob")}}}}}})
+		seq := e.Publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Num: 2, Changes: []streams.Change{ins(issue("b", "B", 2))}}}})
 		// Once the consumer holds the parts in an open write transaction,
 		// none of them may be visible.
-		cons, err := e.stream.Consumer(context.Background(), "task1_replica")
+		cons, err := e.Stream.Consumer(context.Background(), "task1_replica")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,11 +125,11 @@ func TestConsumer_Run(t *testing.T) {
 		if got := query(t, r.file, "SELECT id FROM issue UNION ALL SELECT name FROM \"app.user\" WHERE id = 2"); len(got) != 0 {
 			t.Fatalf("rows of an incomplete transaction are visible: %v", got)
 		}
-		if st := r.c.State(); st.Watermark != e.version {
+		if st := r.c.State(); st.Watermark != e.Version {
 			t.Fatalf("watermark moved to %s before the last part", st.Watermark)
 		}
-		e.publish(&streams.Message{Parts: []streams.Part{{Watermark: wm, Num: 3, Last: true, Changes: []streams.Change{}}}})
-		e.wm = wm
+		e.Publish(&streams.Message{Parts: []streams.Part{{Watermark: wm, Num: 3, Last: true, Changes: []streams.Change{}}}})
+		e.WM = wm
 		r.waitWM(t, wm)
 		got := query(t, r.file, "SELECT id FROM issue UNION ALL SELECT name FROM \"app.user\" WHERE id = 2")
 		if diff := cmp.Diff([]string{"a", "b", "bob"}, got); diff != "" {
@@ -141,13 +141,13 @@ func TestConsumer_Run(t *testing.T) {
 		e := newEnv(t)
 		e.initialSync(3)
 		r := e.start(e.config(tempFile(t)))
-		r.waitWM(t, e.wm)
-		e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: e.nextWM(), Prev: e.wm, Num: 0, Changes: []streams.Change{ins(issue("lost", "L", 1))}}}})
+		r.waitWM(t, e.WM)
+		e.Publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: e.NextWM(), Prev: e.WM, Num: 0, Changes: []streams.Change{ins(issue("lost", "L", 1))}}}})
 		waitFor(t, "the part applied in an open transaction", func() bool { return writeLocked(t, r.file) })
 		e.initialSync(1)
 		e.tx(ins(issue("z", "Z", 26)))
-		r.waitWM(t, e.wm)
-		want := []string{"i0|title 0|0|" + e.version, "z|Z|26|" + e.wm}
+		r.waitWM(t, e.WM)
+		want := []string{"i0|title 0|0|" + e.Version, "z|Z|26|" + e.WM}
 		if diff := cmp.Diff(want, query(t, r.file, issues)); diff != "" {
 			t.Errorf("issue rows (-want +got):\n%s", diff)
 		}
@@ -159,7 +159,7 @@ func TestConsumer_Run(t *testing.T) {
 		file := tempFile(t)
 		r := e.start(e.config(file))
 		e.tx(ins(issue("a", "A", 1)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		if err := r.stop(); err != nil {
 			t.Fatalf("Run = %v", err)
 		}
@@ -169,7 +169,7 @@ func TestConsumer_Run(t *testing.T) {
 		cfg := e.config(file)
 		cfg.Registerer = reg
 		r2 := e.start(cfg)
-		r2.waitWM(t, e.wm)
+		r2.waitWM(t, e.WM)
 		if diff := cmp.Diff([]string{"b", "c"}, query(t, file, "SELECT id FROM issue WHERE id < 'i' ORDER BY id")); diff != "" {
 			t.Errorf("issue rows (-want +got):\n%s", diff)
 		}
@@ -182,8 +182,8 @@ func TestConsumer_Run(t *testing.T) {
 		if n := metric(t, reg, "jetsync_replication_lag_seconds"); n != 3 {
 			t.Errorf("replication lag samples = %v; want 3", n)
 		}
-		if n := (metric(t, reg, "jetsync_replica_watermark_lsn")); n != float64(e.lsn) {
-			t.Errorf("watermark gauge = %v; want %d", n, e.lsn)
+		if n := (metric(t, reg, "jetsync_replica_watermark_lsn")); n != float64(e.LSN) {
+			t.Errorf("watermark gauge = %v; want %d", n, e.LSN)
 		}
 		if strings.Contains(r2.logs.String(), "level=ERROR") {
 			t.Errorf("errors logged:\n%s", r2.logs)
@@ -196,19 +196,19 @@ func TestConsumer_Run(t *testing.T) {
 		file := tempFile(t)
 		r := e.start(e.config(file))
 		e.tx(ins(issue("a", "A", 1)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		r.stop()
 		// Someone moved the durable consumer past the replica.
 		ctx := context.Background()
 		e.tx(ins(issue("b", "B", 2)))
-		if err := e.stream.DeleteConsumer(ctx, "task1_replica"); err != nil {
+		if err := e.Stream.DeleteConsumer(ctx, "task1_replica"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "task1_replica", DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckAllPolicy}); err != nil {
+		if _, err := e.Stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "task1_replica", DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckAllPolicy}); err != nil {
 			t.Fatal(err)
 		}
 		r2 := e.start(e.config(file))
-		r2.waitWM(t, e.wm)
+		r2.waitWM(t, e.WM)
 		if got := query(t, file, "SELECT id FROM issue WHERE id < 'i' ORDER BY id"); !cmp.Equal(got, []string{"a", "b"}) {
 			t.Errorf("issue rows = %v; want a, b", got)
 		}
@@ -221,7 +221,7 @@ func TestConsumer_Run(t *testing.T) {
 		e.initialSync(2) // a newer history: the first one is ignored
 		e.tx(ins(issue("a", "A", 1)))
 		r := e.start(e.config(tempFile(t)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		if got := query(t, r.file, "SELECT id FROM issue ORDER BY id"); !cmp.Equal(got, []string{"a", "i0", "i1"}) {
 			t.Errorf("issue rows = %v", got)
 		}
@@ -232,10 +232,10 @@ func TestConsumer_Run(t *testing.T) {
 		e.initialSync(2)
 		r := e.start(e.config(tempFile(t)))
 		e.tx(ins(issue("a", "A", 1)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		e.restart()
 		e.tx(ins(issue("b", "B", 2)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		if got := query(t, r.file, "SELECT id FROM issue WHERE id < 'i' ORDER BY id"); !cmp.Equal(got, []string{"a", "b"}) {
 			t.Errorf("issue rows = %v; want a, b", got)
 		}
@@ -245,8 +245,8 @@ func TestConsumer_Run(t *testing.T) {
 		e := newEnv(t)
 		e.initialSync(1)
 		r := e.start(e.config(tempFile(t)))
-		r.waitWM(t, e.wm)
-		seq := e.publishRaw("public", "issue", []byte(`{"parts":[{"wm":"not a watermark"}]}`), nil)
+		r.waitWM(t, e.WM)
+		seq := e.PublishRaw("public", "issue", []byte(`{"parts":[{"wm":"not a watermark"}]}`), nil)
 		e.tx(ins(issue("after", "X", 1)))
 		<-r.done
 		err := r.stop()
@@ -303,19 +303,19 @@ func TestConsumer_Gaps(t *testing.T) {
 		file := tempFile(t)
 		r := e.start(e.config(file))
 		e.tx(ins(issue("a", "A", 1)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		r.stop()
 		// While it is stopped, history moves on: more transactions, a new
 		// initial sync, and a purge of everything before it.
 		e.tx(ins(issue("b", "B", 2)))
 		reset := e.initialSync(2)
 		e.tx(ins(issue("c", "C", 3)))
-		if err := e.stream.Purge(context.Background(), jetstream.WithPurgeSequence(reset)); err != nil {
+		if err := e.Stream.Purge(context.Background(), jetstream.WithPurgeSequence(reset)); err != nil {
 			t.Fatal(err)
 		}
 		r2 := e.start(e.config(file))
 		sub := r2.c.Subscribe()
-		r2.waitWM(t, e.wm)
+		r2.waitWM(t, e.WM)
 		if got := query(t, file, "SELECT id FROM issue ORDER BY id"); !cmp.Equal(got, []string{"c", "i0", "i1"}) {
 			t.Errorf("issue rows = %v", got)
 		}
@@ -336,15 +336,15 @@ func TestConsumer_Gaps(t *testing.T) {
 		e.initialSync(3)
 		file := tempFile(t)
 		r := e.start(e.config(file))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		r.stop()
 		e.tx(ins(issue("a", "A", 1)))
 		e.tx(ins(issue("b", "B", 2)))
-		if err := e.stream.Purge(context.Background(), jetstream.WithPurgeKeep(1)); err != nil {
+		if err := e.Stream.Purge(context.Background(), jetstream.WithPurgeKeep(1)); err != nil {
 			t.Fatal(err)
 		}
 		requests := make(chan *nats.Msg, 10)
-		sub, err := e.nc.ChanSubscribe(e.shard.ResyncSubject(), requests)
+		sub, err := e.nc.ChanSubscribe(e.Shard.ResyncSubject(), requests)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -367,7 +367,7 @@ func TestConsumer_Gaps(t *testing.T) {
 		// The producer answers with a new initial sync.
 		e.initialSync(1)
 		e.tx(ins(issue("c", "C", 3)))
-		r2.waitWM(t, e.wm)
+		r2.waitWM(t, e.WM)
 		if got := query(t, file, "SELECT id FROM issue ORDER BY id"); !cmp.Equal(got, []string{"c", "i0"}) {
 			t.Errorf("issue rows = %v", got)
 		}
@@ -378,15 +378,15 @@ func TestConsumer_Gaps(t *testing.T) {
 		e.initialSync(2)
 		file := tempFile(t)
 		r := e.start(e.config(file))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		r.stop()
 		lost := e.tx(ins(issue("a", "A", 1)))
 		e.tx(ins(issue("b", "B", 2)))
-		if err := e.stream.DeleteMsg(context.Background(), lost); err != nil {
+		if err := e.Stream.DeleteMsg(context.Background(), lost); err != nil {
 			t.Fatal(err)
 		}
 		requests := make(chan *nats.Msg, 10)
-		sub, err := e.nc.ChanSubscribe(e.shard.ResyncSubject(), requests)
+		sub, err := e.nc.ChanSubscribe(e.Shard.ResyncSubject(), requests)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -398,7 +398,7 @@ func TestConsumer_Gaps(t *testing.T) {
 		m := <-requests
 		m.Respond(nil)
 		e.initialSync(1)
-		r2.waitWM(t, e.wm)
+		r2.waitWM(t, e.WM)
 		if got := query(t, file, "SELECT id FROM issue ORDER BY id"); !cmp.Equal(got, []string{"i0"}) {
 			t.Errorf("issue rows = %v", got)
 		}

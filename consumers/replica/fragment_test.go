@@ -16,17 +16,17 @@ const fragBudget = 64 << 10
 // parts publishes one transaction on issue whose parts hold changes as
 // given, each part its own message, and returns the seqs.
 func (e *env) parts(parts ...[]streams.Change) []uint64 {
-	e.t.Helper()
-	wm := e.nextWM()
+	e.T.Helper()
+	wm := e.NextWM()
 	var seqs []uint64
 	for i, cs := range parts {
 		pt := streams.Part{Watermark: wm, Num: i, Last: i == len(parts)-1, Changes: cs}
 		if i == 0 {
-			pt.Prev = e.wm
+			pt.Prev = e.WM
 		}
-		seqs = append(seqs, e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{pt}}))
+		seqs = append(seqs, e.Publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{pt}}))
 	}
-	e.wm = wm
+	e.WM = wm
 	return seqs
 }
 
@@ -53,14 +53,14 @@ func TestConsumer_Fragments(t *testing.T) {
 		e := newEnv(t)
 		e.initialSync(1)
 		r := e.start(e.config(tempFile(t)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		var ps [][]streams.Change
 		ps = append(ps, []streams.Change{ins(issue("a", "small", 1))})
 		ps = append(ps, fragments(t, ins(issue("b", big, 2)))...)
 		ps = append(ps, fragments(t, upd(nil, issue("a", big+"!", 3)))...)
 		ps = append(ps, []streams.Change{ins(issue("c", "after", 4))})
 		e.parts(ps...)
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		got := query(t, r.file, "SELECT id, length(title), n FROM issue WHERE id IN ('a', 'b', 'c') ORDER BY id")
 		want := []string{"a|" + strconv.Itoa(len([]rune(big))+1) + "|3", "b|" + strconv.Itoa(len([]rune(big))) + "|2", "c|5|4"}
 		if strings.Join(got, ",") != strings.Join(want, ",") {
@@ -89,7 +89,7 @@ func TestConsumer_Fragments(t *testing.T) {
 			e := newEnv(t)
 			e.initialSync(1)
 			r := e.start(e.config(tempFile(t)))
-			r.waitWM(t, e.wm)
+			r.waitWM(t, e.WM)
 			seqs := e.parts(tc.parts(t)...)
 			e.tx(ins(issue("after", "X", 1)))
 			<-r.done

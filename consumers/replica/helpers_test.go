@@ -17,75 +17,34 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
+	"github.com/jetsync/jetsync/streams/streamstest"
 )
 
 // env is an embedded JetStream with the shard's stream and bucket, and a
 // hand-rolled producer: the tests publish what pgrepl would.
 type env struct {
-	t      testing.TB
-	ns     *server.Server
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	stream jetstream.Stream
-	kv     jetstream.KeyValue
-	shard  streams.Shard
-
-	lsn     uint64
-	wm      string // last commit watermark
-	version string // replica version
+	*streamstest.Producer
+	ns *server.Server
+	nc *nats.Conn
 }
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	ns := natstest.Start(t)
 	nc, js := natstest.Connect(t, ns)
-	shard := streams.Shard{App: "zero", Num: 0}
-	s, kv, err := streams.Ensure(context.Background(), js, streams.Config{Shard: shard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, ns: ns, nc: nc, js: js, stream: s, kv: kv, shard: shard, lsn: 0x1000}
+	return &env{Producer: streamstest.New(t, js), ns: ns, nc: nc}
 }
 
 // restart restarts the NATS server; connections reconnect.
 func (e *env) restart() {
-	e.t.Helper()
+	e.T.Helper()
 	before := e.nc.Stats().Reconnects
-	e.ns = natstest.Restart(e.t, e.ns)
-	waitFor(e.t, "reconnect", func() bool { return e.nc.Stats().Reconnects > before && e.nc.IsConnected() })
-}
-
-func (e *env) nextWM() string {
-	e.lsn += 8
-	return streams.Lexi(e.lsn)
-}
-
-func (e *env) publish(m *streams.Message) uint64 {
-	e.t.Helper()
-	data, err := streams.Encode(m)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return e.publishRaw(m.Schema, m.Table, data, m.Parts)
-}
-
-func (e *env) publishRaw(schema, table string, data []byte, parts []streams.Part) uint64 {
-	e.t.Helper()
-	subj := e.shard.TxSubject()
-	if table != "" {
-		subj = e.shard.TableSubject(schema, table)
-	}
-	msg := &nats.Msg{Subject: subj, Data: data, Header: streams.Header(parts, e.version)}
-	ack, err := e.js.PublishMsg(context.Background(), msg)
-	if err != nil {
-		e.t.Fatalf("publish: %v", err)
-	}
-	return ack.Sequence
+	e.ns = natstest.Restart(e.T, e.ns)
+	waitFor(e.T, "reconnect", func() bool { return e.nc.Stats().Reconnects > before && e.nc.IsConnected() })
 }
 
 var issueSpec = streams.TableSpec{
@@ -105,10 +64,7 @@ var userSpec = streams.TableSpec{
 	},
 }
 
-func raw(v any) json.RawMessage {
-	b, _ := json.Marshal(v)
-	return b
-}
+var raw = streamstest.Raw
 
 func issue(id, title string, n int) streams.Row {
 	return streams.Row{"id": raw(id), "title": raw(title), "n": raw(n)}
@@ -118,65 +74,36 @@ func issue(id, title string, n int) streams.Row {
 // and app.user (one row), records it as the upstream's, and returns the
 // reset's sequence.
 func (e *env) initialSync(rows int) uint64 {
-	e.t.Helper()
-	v := e.nextWM()
-	e.version = v
-	resetSeq := e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Prev: e.wm, Num: 0, Changes: []streams.Change{{
-		Op: streams.OpReset, Reset: &streams.Reset{ReplicaVersion: v, Publications: []string{"zero_data"}, SystemID: "1", Slot: "s"},
-	}}}}})
-	num := 1
-	part := func(schema, table string, cs ...streams.Change) {
-		e.publish(&streams.Message{Schema: schema, Table: table, Parts: []streams.Part{{Watermark: v, Num: num, Changes: cs}}})
-		num++
-	}
+	e.T.Helper()
 	is, us := issueSpec, userSpec
-	part("public", "issue", streams.Change{Op: streams.OpCreateTable, Spec: &is})
+	copies := []streamstest.Copy{{Schema: "public", Table: "issue", Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &is}}}}
 	for lo := 0; lo < rows; lo += 100 {
 		var rs [][]json.RawMessage
 		for i := lo; i < min(rows, lo+100); i++ {
 			rs = append(rs, []json.RawMessage{raw(fmt.Sprintf("i%d", i)), raw("title " + strconv.Itoa(i)), raw(i)})
 		}
-		part("public", "issue", streams.Change{Op: streams.OpBackfill, Columns: []string{"id", "title", "n"}, Rows: rs})
+		copies = append(copies, streamstest.Copy{Schema: "public", Table: "issue", Changes: []streams.Change{{Op: streams.OpBackfill, Columns: []string{"id", "title", "n"}, Rows: rs}}})
 	}
-	part("public", "issue", streams.Change{Op: streams.OpCreateIndex, Index: &streams.IndexSpec{Schema: "public", TableName: "issue", Name: "issue_title", Columns: []string{"title"}}})
-	part("app", "user", streams.Change{Op: streams.OpCreateTable, Spec: &us},
-		streams.Change{Op: streams.OpBackfill, Columns: []string{"id", "name"}, Rows: [][]json.RawMessage{{raw(1), raw("ann")}}})
-	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: num, Last: true, Changes: []streams.Change{}}}})
-	e.wm = v
-	e.putUpstream(resetSeq)
-	return resetSeq
-}
-
-func (e *env) putUpstream(resetSeq uint64) {
-	e.t.Helper()
-	b, _ := json.Marshal(streams.Upstream{SystemID: "1", Slot: "s", ReplicaVersion: e.version, Publications: []string{"zero_data"}, ResetSeq: resetSeq, Complete: true})
-	if _, err := e.kv.Put(context.Background(), streams.KeyUpstream, b); err != nil {
-		e.t.Fatal(err)
-	}
+	copies = append(copies,
+		streamstest.Copy{Schema: "public", Table: "issue", Changes: []streams.Change{{Op: streams.OpCreateIndex, Index: &streams.IndexSpec{Schema: "public", TableName: "issue", Name: "issue_title", Columns: []string{"title"}}}}},
+		streamstest.Copy{Schema: "app", Table: "user", Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &us},
+			{Op: streams.OpBackfill, Columns: []string{"id", "name"}, Rows: [][]json.RawMessage{{raw(1), raw("ann")}}}}})
+	return e.InitialSync(copies...)
 }
 
 // tx publishes a one-message transaction on issue and returns its seq.
 func (e *env) tx(cs ...streams.Change) uint64 {
-	e.t.Helper()
-	wm := e.nextWM()
-	seq := e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Last: true, CommitTimeMs: nowMs(), Changes: cs}}})
-	e.wm = wm
-	return seq
+	e.T.Helper()
+	return e.Tx("public", "issue", cs...)
 }
 
 // packed publishes several transactions on issue in one message.
 func (e *env) packed(txs ...[]streams.Change) uint64 {
-	e.t.Helper()
-	m := &streams.Message{Schema: "public", Table: "issue"}
-	for _, cs := range txs {
-		wm := e.nextWM()
-		m.Parts = append(m.Parts, streams.Part{Watermark: wm, Prev: e.wm, Num: 0, Last: true, CommitTimeMs: nowMs(), Changes: cs})
-		e.wm = wm
-	}
-	return e.publish(m)
+	e.T.Helper()
+	return e.Packed("public", "issue", txs...)
 }
 
-func nowMs() float64 { return float64(time.Now().UnixMicro()) / 1000 }
+var nowMs = streamstest.NowMs
 
 func ins(r streams.Row) streams.Change { return streams.Change{Op: streams.OpInsert, New: r} }
 func upd(old, r streams.Row) streams.Change {
@@ -213,19 +140,19 @@ type running struct {
 }
 
 func (e *env) config(file string) replica.Config {
-	return replica.Config{File: file, Shard: e.shard, TaskID: "task1"}
+	return replica.Config{File: file, Shard: e.Shard, TaskID: "task1"}
 }
 
 // start runs a consumer on file until stop or the test's end.
 func (e *env) start(cfg replica.Config) *running {
-	e.t.Helper()
+	e.T.Helper()
 	logs := &logBuffer{}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	c, err := replica.New(cfg, e.js)
+	c, err := replica.New(cfg, e.JS)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -239,10 +166,10 @@ func (e *env) start(cfg replica.Config) *running {
 		<-done
 		return runErr
 	}
-	e.t.Cleanup(func() {
+	e.T.Cleanup(func() {
 		stop()
-		if e.t.Failed() || testing.Verbose() && os.Getenv("REPLICA_TEST_LOGS") != "" {
-			e.t.Logf("consumer log:\n%s", logs)
+		if e.T.Failed() || testing.Verbose() && os.Getenv("REPLICA_TEST_LOGS") != "" {
+			e.T.Logf("consumer log:\n%s", logs)
 		}
 	})
 	return &running{c: c, file: cfg.File, logs: logs, done: done, stop: stop}

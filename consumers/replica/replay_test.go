@@ -36,26 +36,26 @@ func TestReplay(t *testing.T) {
 	e.tx(ins(issue("a", "A", 1)), del("i7"))
 	e.packed([]streams.Change{upd(nil, issue("a", "A2", 2))}, []streams.Change{ins(issue("b", "B", 2))})
 	// A transaction over three messages and two tables.
-	wm := e.nextWM()
-	e.publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.wm, Num: 0, Changes: []streams.Change{ins(issue("c", "C", 3))}}}})
-	mid := e.publish(&streams.Message{Schema: "app", Table: "user", Parts: []streams.Part{{Watermark: wm, Num: 1, Changes: []streams.Change{{Op: streams.OpInsert, New: streams.Row{"id": raw(2), "name": raw("bob")}}}}}})
-	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: wm, Num: 2, Last: true, Changes: []streams.Change{}}}})
-	e.wm = wm
+	wm := e.NextWM()
+	e.Publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: wm, Prev: e.WM, Num: 0, Changes: []streams.Change{ins(issue("c", "C", 3))}}}})
+	mid := e.Publish(&streams.Message{Schema: "app", Table: "user", Parts: []streams.Part{{Watermark: wm, Num: 1, Changes: []streams.Change{{Op: streams.OpInsert, New: streams.Row{"id": raw(2), "name": raw("bob")}}}}}})
+	e.Publish(&streams.Message{Parts: []streams.Part{{Watermark: wm, Num: 2, Last: true, Changes: []streams.Change{}}}})
+	e.WM = wm
 	e.tx(upd(streams.Row{"id": raw("b")}, issue("bb", "B", 2)))
 
 	r := e.start(e.config(tempFile(t)))
-	r.waitWM(t, e.wm)
+	r.waitWM(t, e.WM)
 	r.stop()
 	want := snapshot(t, r.file)
 
 	t.Run("Whole", func(t *testing.T) {
 		file := tempFile(t)
-		st, err := replica.Replay(ctx, e.js, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.shard})
+		st, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Watermark != e.wm {
-			t.Errorf("Replay watermark = %s; want %s", st.Watermark, e.wm)
+		if st.Watermark != e.WM {
+			t.Errorf("Replay watermark = %s; want %s", st.Watermark, e.WM)
 		}
 		if diff := cmp.Diff(want, snapshot(t, file)); diff != "" {
 			t.Errorf("replayed replica differs from the consumer's (-consumer +replay):\n%s", diff)
@@ -65,7 +65,7 @@ func TestReplay(t *testing.T) {
 	t.Run("InStages", func(t *testing.T) {
 		file := tempFile(t)
 		// Up to the middle of the three-message transaction: it is left out.
-		st, err := replica.Replay(ctx, e.js, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.shard, ToSeq: mid})
+		st, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard, ToSeq: mid})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func TestReplay(t *testing.T) {
 		if got := query(t, file, "SELECT count(*) FROM issue WHERE id = 'c'"); got[0] != "0" {
 			t.Error("part of an incomplete transaction was kept")
 		}
-		if _, err := replica.Replay(ctx, e.js, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.shard}); err != nil {
+		if _, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard}); err != nil {
 			t.Fatal(err)
 		}
 		if diff := cmp.Diff(want, snapshot(t, file)); diff != "" {
@@ -85,7 +85,7 @@ func TestReplay(t *testing.T) {
 
 	t.Run("OneTable", func(t *testing.T) {
 		file := tempFile(t)
-		if _, err := replica.Replay(ctx, e.js, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.shard, Table: "app.user"}); err != nil {
+		if _, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard, Table: "app.user"}); err != nil {
 			t.Fatal(err)
 		}
 		got := snapshot(t, file)

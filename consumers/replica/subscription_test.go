@@ -28,22 +28,22 @@ func TestSubscription_Next(t *testing.T) {
 		e := newEnv(t)
 		e.initialSync(2)
 		r := e.start(e.config(tempFile(t)))
-		r.waitWM(t, e.version)
+		r.waitWM(t, e.Version)
 		s := r.c.Subscribe()
 		defer s.Close()
 
 		e.tx(ins(issue("a", "A", 1)))
-		wa := e.wm
+		wa := e.WM
 		e.packed(
 			[]streams.Change{upd(nil, streams.Row{"id": raw("i0"), "title": raw("zero")})},
 			[]streams.Change{upd(streams.Row{"id": raw("i1")}, issue("one", "ONE", 1))},
 		)
-		w0, w1 := streams.Lexi(e.lsn-8), e.wm
+		w0, w1 := streams.Lexi(e.LSN-8), e.WM
 		e.tx(del("a"))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		u := next(t, s)
-		v := e.version
-		want := replica.Update{From: e.version, To: e.wm, Changes: []replica.RowChange{
+		v := e.Version
+		want := replica.Update{From: e.Version, To: e.WM, Changes: []replica.RowChange{
 			{Table: "issue", Key: m("id", "a"), New: m("id", "a", "title", "A", "n", int64(1), "_0_version", wa)},
 			{Table: "issue", Key: m("id", "i0"),
 				Old: m("id", "i0", "title", "title 0", "n", int64(0), "_0_version", v),
@@ -63,10 +63,10 @@ func TestSubscription_Next(t *testing.T) {
 			t.Errorf("Next with nothing new = %+v, %v; want a timeout", u, err)
 		}
 		// A truncate is table-wide.
-		from := e.wm
+		from := e.WM
 		e.tx(streams.Change{Op: streams.OpTruncate})
-		if u := next(t, s); !u.Reset || u.From != from || u.To != e.wm || len(u.Changes) != 0 {
-			t.Errorf("Next after truncate = %+v; want a reset from %s to %s", u, from, e.wm)
+		if u := next(t, s); !u.Reset || u.From != from || u.To != e.WM || len(u.Changes) != 0 {
+			t.Errorf("Next after truncate = %+v; want a reset from %s to %s", u, from, e.WM)
 		}
 	})
 
@@ -76,15 +76,15 @@ func TestSubscription_Next(t *testing.T) {
 		cfg := e.config(tempFile(t))
 		cfg.SubscriptionCap = 3
 		r := e.start(cfg)
-		r.waitWM(t, e.version)
+		r.waitWM(t, e.Version)
 		s := r.c.Subscribe()
 		e.tx(ins(issue("a", "A", 1)), ins(issue("b", "B", 2)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		e.tx(ins(issue("c", "C", 3)), ins(issue("d", "D", 4)))
-		r.waitWM(t, e.wm)
+		r.waitWM(t, e.WM)
 		u := next(t, s)
-		if !u.Reset || u.From != e.version || u.To != e.wm || len(u.Changes) != 0 {
-			t.Errorf("Next past the cap = %+v; want a reset from %s to %s", u, e.version, e.wm)
+		if !u.Reset || u.From != e.Version || u.To != e.WM || len(u.Changes) != 0 {
+			t.Errorf("Next past the cap = %+v; want a reset from %s to %s", u, e.Version, e.WM)
 		}
 		// Below the cap again, changes are listed.
 		e.tx(del("a"))
@@ -102,9 +102,9 @@ func TestSubscription_Next(t *testing.T) {
 		r := e.start(e.config(tempFile(t)))
 		s := r.c.Subscribe()
 		e.initialSync(3)
-		r.waitWM(t, e.version)
-		if u := next(t, s); !u.Reset || u.To != e.version {
-			t.Errorf("Next after initial sync = %+v; want a reset to %s", u, e.version)
+		r.waitWM(t, e.Version)
+		if u := next(t, s); !u.Reset || u.To != e.Version {
+			t.Errorf("Next after initial sync = %+v; want a reset to %s", u, e.Version)
 		}
 	})
 }

@@ -1,7 +1,7 @@
 // Package backuptest stands up what backup and restore tests need: an
-// embedded JetStream with the shard's stream and buckets, a hand-rolled
-// producer publishing valid change messages, replica consumers, and a fake
-// clock.
+// embedded JetStream with the shard's stream and buckets, the hand-rolled
+// producer of streams/streamstest publishing valid change messages, replica
+// consumers, and a fake clock.
 package backuptest
 
 import (
@@ -17,11 +17,11 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
+	"github.com/jetsync/jetsync/streams/streamstest"
 )
 
 // Clock is a fake clock for the Now fields of configs.
@@ -48,21 +48,14 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// Env is one shard on an embedded server.
+// Env is one shard on an embedded server, with its backup buckets.
 type Env struct {
-	T      testing.TB
+	*streamstest.Producer
 	NS     *server.Server
 	NC     *nats.Conn
-	JS     jetstream.JetStream
-	Stream jetstream.Stream
-	KV     jetstream.KeyValue
 	Backup streams.Backup
-	Shard  streams.Shard
 
-	lsn     uint64
-	WM      string // last commit watermark
-	Version string // replica version
-	n       int
+	n int
 }
 
 // New starts a server and ensures the shard's stream and buckets.
@@ -70,17 +63,12 @@ func New(t testing.TB) *Env {
 	t.Helper()
 	ns := natstest.Start(t)
 	nc, js := natstest.Connect(t, ns)
-	shard := streams.Shard{App: "zero", Num: 0}
-	ctx := context.Background()
-	s, kv, err := streams.Ensure(ctx, js, streams.Config{Shard: shard})
+	p := streamstest.New(t, js)
+	b, err := streams.EnsureBackup(context.Background(), js, streams.Config{Shard: p.Shard})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := streams.EnsureBackup(ctx, js, streams.Config{Shard: shard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &Env{T: t, NS: ns, NC: nc, JS: js, Stream: s, KV: kv, Backup: b, Shard: shard, lsn: 0x1000}
+	return &Env{Producer: p, NS: ns, NC: nc, Backup: b}
 }
 
 // Restart restarts the server; connections reconnect.
@@ -91,28 +79,6 @@ func (e *Env) Restart() {
 	WaitFor(e.T, "reconnect", 10*time.Second, func() bool { return e.NC.Stats().Reconnects > before && e.NC.IsConnected() })
 }
 
-func (e *Env) nextWM() string {
-	e.lsn += 8
-	return streams.Lexi(e.lsn)
-}
-
-func (e *Env) publish(m *streams.Message) uint64 {
-	e.T.Helper()
-	data, err := streams.Encode(m)
-	if err != nil {
-		e.T.Fatal(err)
-	}
-	subj := e.Shard.TxSubject()
-	if m.Table != "" {
-		subj = e.Shard.TableSubject(m.Schema, m.Table)
-	}
-	ack, err := e.JS.PublishMsg(context.Background(), &nats.Msg{Subject: subj, Data: data, Header: streams.Header(m.Parts, e.Version)})
-	if err != nil {
-		e.T.Fatalf("publish: %v", err)
-	}
-	return ack.Sequence
-}
-
 var itemSpec = streams.TableSpec{
 	Schema: "public", Name: "item", PrimaryKey: []string{"id"},
 	Columns: []streams.ColumnSpec{
@@ -121,38 +87,22 @@ var itemSpec = streams.TableSpec{
 	},
 }
 
-func raw(v any) json.RawMessage {
-	b, _ := json.Marshal(v)
-	return b
-}
+var raw = streamstest.Raw
 
 // InitialSync publishes a new initial sync of table item with rows rows,
 // records it as the upstream's and returns the reset's sequence.
 func (e *Env) InitialSync(rows int) uint64 {
 	e.T.Helper()
-	v := e.nextWM()
-	e.Version = v
-	resetSeq := e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Prev: e.WM, Num: 0, Changes: []streams.Change{{
-		Op: streams.OpReset, Reset: &streams.Reset{ReplicaVersion: v, Publications: []string{"zero_data"}, SystemID: "1", Slot: "s"},
-	}}}}})
 	spec := itemSpec
-	e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: 1, Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &spec}}}}})
-	num := 2
+	copies := []streamstest.Copy{{Schema: "public", Table: "item", Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &spec}}}}
 	for lo := 0; lo < rows; lo += 500 {
 		var rs [][]json.RawMessage
 		for i := lo; i < min(rows, lo+500); i++ {
 			rs = append(rs, []json.RawMessage{raw(i), raw("v" + strconv.Itoa(i))})
 		}
-		e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{Watermark: v, Num: num, Changes: []streams.Change{{Op: streams.OpBackfill, Columns: []string{"id", "v"}, Rows: rs}}}}})
-		num++
+		copies = append(copies, streamstest.Copy{Schema: "public", Table: "item", Changes: []streams.Change{{Op: streams.OpBackfill, Columns: []string{"id", "v"}, Rows: rs}}})
 	}
-	e.publish(&streams.Message{Parts: []streams.Part{{Watermark: v, Num: num, Last: true, Changes: []streams.Change{}}}})
-	e.WM = v
-	b, _ := json.Marshal(streams.Upstream{SystemID: "1", Slot: "s", ReplicaVersion: v, Publications: []string{"zero_data"}, ResetSeq: resetSeq, Complete: true})
-	if _, err := e.KV.Put(context.Background(), streams.KeyUpstream, b); err != nil {
-		e.T.Fatal(err)
-	}
-	return resetSeq
+	return e.Producer.InitialSync(copies...)
 }
 
 // Tx publishes a one-message transaction upserting item id with a new value
@@ -160,13 +110,7 @@ func (e *Env) InitialSync(rows int) uint64 {
 func (e *Env) Tx(id int) uint64 {
 	e.T.Helper()
 	e.n++
-	wm := e.nextWM()
-	seq := e.publish(&streams.Message{Schema: "public", Table: "item", Parts: []streams.Part{{
-		Watermark: wm, Prev: e.WM, Num: 0, Last: true, CommitTimeMs: float64(time.Now().UnixMilli()),
-		Changes: []streams.Change{{Op: streams.OpInsert, New: streams.Row{"id": raw(id), "v": raw(fmt.Sprintf("tx%d", e.n))}}},
-	}}})
-	e.WM = wm
-	return seq
+	return e.Producer.Tx("public", "item", streams.Change{Op: streams.OpInsert, New: streams.Row{"id": raw(id), "v": raw(fmt.Sprintf("tx%d", e.n))}})
 }
 
 // Running is a replica consumer running in the background.

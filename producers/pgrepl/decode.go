@@ -127,7 +127,7 @@ func (d *decoder) decode(ctx context.Context, m pglogrepl.Message, emit func(eve
 	switch m := m.(type) {
 	case *pglogrepl.BeginMessage:
 		d.wm = streams.Lexi(uint64(m.FinalLSN))
-		d.skipping = d.wm < d.resumeWM || d.wm == d.resumeWM && !d.resumePartial
+		d.skipping = inStream(d.wm, d.resumeWM, d.resumePartial)
 		return emit(event{kind: evBegin, wm: d.wm})
 	case *pglogrepl.CommitMessage:
 		return emit(event{

@@ -161,6 +161,15 @@ const allParts = math.MaxInt
 
 func (p *position) partial() bool { return p.resumePart != allParts }
 
+// inStream reports whether the transaction committing at wm is wholly in
+// the stream already, so that a resumed session skips it: every transaction
+// before resumeWM is, and resumeWM itself unless partial (only some of its
+// parts are; the rest are published again). Watermarks are Lexi strings,
+// so they compare as strings. The decoder and the publish loop both ask.
+func inStream(wm, resumeWM string, partial bool) bool {
+	return wm < resumeWM || wm == resumeWM && !partial
+}
+
 // session runs one connection to Postgres and NATS until an error.
 func (s *Source) session(ctx context.Context, rs *runState) error {
 	ctx, cancel := context.WithCancel(ctx)

@@ -205,7 +205,7 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 			switch ev.kind {
 			case evBegin:
 				inTx = true
-				skip = ev.wm < pos.resumeWM || ev.wm == pos.resumeWM && !pos.partial()
+				skip = inStream(ev.wm, pos.resumeWM, pos.partial())
 				if !skip && pos.partial() && ev.wm > pos.resumeWM {
 					return fmt.Errorf("transaction %s is partly in the stream, but replication went on to %s", pos.resumeWM, ev.wm)
 				}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"time"
 
@@ -38,41 +37,24 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	c.natsFlags.register(fs, e)
 	c.backup.register(fs, e)
 	c.restore.register(fs, e, true)
-	if err := parseFlags(fs, e, stdout, changeStreamerSummary, args); err != nil {
-		return err
-	}
-	if err := c.roleFlags.validate(); err != nil {
-		return err
-	}
-	if err := c.upstreamFlags.validate(); err != nil {
-		return err
-	}
-	if err := c.backup.validate(); err != nil {
-		return err
-	}
-	if err := c.restore.validate(); err != nil {
-		return err
-	}
-	if c.upstreamDB == "" {
-		return usageError("change-streamer needs an upstream: set ZERO_UPSTREAM_DB or -upstream-db")
-	}
-	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
+	rl, ctx, stop, err := startRole(ctx, fs, e, changeStreamerSummary, args, stdout, stderr, &c.roleFlags,
+		&c.upstreamFlags, &c.backup, &c.restore, check(func() error {
+			if c.upstreamDB == "" {
+				return usageError("change-streamer needs an upstream: set ZERO_UPSTREAM_DB or -upstream-db")
+			}
+			return nil
+		}))
 	if err != nil {
 		return err
 	}
 	defer stop()
 	log, shard, dataDir, metrics := rl.log, rl.shard, rl.dataDir, rl.metrics
 
-	nc, err := connectNATS(c.natsURL, "jetsync change-streamer "+rl.id, log)
+	js, closeNATS, err := c.natsFlags.connect(ctx, "jetsync change-streamer "+rl.id, log)
 	if err != nil {
 		return err
 	}
-	defer drain(nc, log)
-	checkSyncPolicy(ctx, c.monitorURL, log)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
+	defer closeNATS()
 	scfg := c.streamConfig(shard)
 	// From here on ctx also ends when another change-streamer takes the
 	// producer role, which stops this one as a SIGTERM would.

@@ -62,14 +62,12 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return usageError("--into %s: file exists; replay builds a new replica", c.into)
 		}
 	}
-	s, err := c.connect(stderr, "jetsync replay")
+	s, ctx, stop, err := c.start(ctx, stderr, "jetsync replay")
 	if err != nil {
 		return err
 	}
-	defer s.nc.Close()
-	log, shard, js := s.log, s.shard, s.js
-	ctx, stop := notifyContext(ctx, log)
 	defer stop()
+	log, shard, js := s.log, s.shard, s.js
 
 	st, err := js.Stream(ctx, shard.ChangesStream())
 	if err != nil {
@@ -129,17 +127,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("get message %d: %w", fromSeq, err)
 	}
-	cons, err := js.OrderedConsumer(ctx, shard.ChangesStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: s.subjects,
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    head.Sequence,
-	})
+	it, err := s.consume(ctx, jetstream.DeliverByStartSequencePolicy, head.Sequence)
 	if err != nil {
-		return fmt.Errorf("consume %s: %w", shard.ChangesStream(), err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", shard.ChangesStream(), err)
+		return err
 	}
 	defer it.Stop()
 	p := newPrinter(stdout, false)

@@ -47,22 +47,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	fs.StringVar(&c.natsListen, "nats-listen", e.str("JETSYNC_NATS_LISTEN", DefaultNATSListen), "address the embedded NATS server listens on; empty: in-process only; port 0 picks a free port [JETSYNC_NATS_LISTEN]")
 	fs.IntVar(&c.demoPGPort, "demo-pg-port", e.int("JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort), "port of the demo Postgres; 0 picks a free port [JETSYNC_DEMO_PG_PORT]")
 	fs.StringVar(&c.pgBin, "pg-bin", e.str("JETSYNC_PG_BIN", DefaultPGBin), "directory of the Postgres binaries for the demo Postgres [JETSYNC_PG_BIN]")
-	if err := parseFlags(fs, e, stdout, runSummary, args); err != nil {
-		return err
-	}
-	if err := c.roleFlags.validate(); err != nil {
-		return err
-	}
-	if err := c.upstreamFlags.validate(); err != nil {
-		return err
-	}
-	if err := c.backup.validate(); err != nil {
-		return err
-	}
-	if err := c.restore.validate(); err != nil {
-		return err
-	}
-	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
+	rl, ctx, stop, err := startRole(ctx, fs, e, runSummary, args, stdout, stderr, &c.roleFlags, &c.upstreamFlags, &c.backup, &c.restore)
 	if err != nil {
 		return err
 	}

@@ -57,6 +57,36 @@ type streamSession struct {
 	js       jetstream.JetStream
 }
 
+// start connects as name (see connect) and returns a context that ends at
+// SIGINT or SIGTERM. Call stop when done: it also closes the connection.
+func (c *streamClient) start(ctx context.Context, stderr io.Writer, name string) (*streamSession, context.Context, func(), error) {
+	s, err := c.connect(stderr, name)
+	if err != nil {
+		return nil, ctx, nil, err
+	}
+	ctx, cancel := notifyContext(ctx, s.log)
+	return s, ctx, func() { cancel(); s.nc.Close() }, nil
+}
+
+// consume follows the session's subjects with an ordered consumer that
+// starts as deliver says (at startSeq for DeliverByStartSequencePolicy).
+func (s *streamSession) consume(ctx context.Context, deliver jetstream.DeliverPolicy, startSeq uint64) (jetstream.MessagesContext, error) {
+	name := s.shard.ChangesStream()
+	cons, err := s.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
+		FilterSubjects: s.subjects,
+		DeliverPolicy:  deliver,
+		OptStartSeq:    startSeq,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", name, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", name, err)
+	}
+	return it, nil
+}
+
 // connect resolves c's settings and connects to the server as name.
 func (c *streamClient) connect(stderr io.Writer, name string) (*streamSession, error) {
 	var s streamSession
@@ -88,25 +118,16 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := parseFlags(fs, e, stdout, tailSummary, args); err != nil {
 		return err
 	}
-	s, err := c.connect(stderr, "jetsync tail")
+	s, ctx, stop, err := c.start(ctx, stderr, "jetsync tail")
 	if err != nil {
 		return err
 	}
-	defer s.nc.Close()
-	log, shard, js := s.log, s.shard, s.js
-	ctx, stop := notifyContext(ctx, log)
 	defer stop()
+	log, shard := s.log, s.shard
 
-	cons, err := js.OrderedConsumer(ctx, shard.ChangesStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: s.subjects,
-		DeliverPolicy:  jetstream.DeliverNewPolicy,
-	})
+	it, err := s.consume(ctx, jetstream.DeliverNewPolicy, 0)
 	if err != nil {
-		return fmt.Errorf("consume %s: %w", shard.ChangesStream(), err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", shard.ChangesStream(), err)
+		return err
 	}
 	defer it.Stop()
 	log.Info("tailing", "stream", shard.ChangesStream(), "subjects", s.subjects, "nats", redact(c.natsURL))

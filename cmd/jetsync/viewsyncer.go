@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 const viewSyncerSummary = `Run a view-syncer against an external NATS server: a replica consumer with its
@@ -52,32 +49,18 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 		c.auth.register(fs, e)
 	}
 	c.restore.register(fs, e, false)
-	if err := parseFlags(fs, e, stdout, r.summary, args); err != nil {
-		return err
-	}
-	if err := c.validate(); err != nil {
-		return err
-	}
-	if err := c.restore.validate(); err != nil {
-		return err
-	}
-	rl, ctx, stop, err := c.roleFlags.start(ctx, stderr)
+	rl, ctx, stop, err := startRole(ctx, fs, e, r.summary, args, stdout, stderr, &c.roleFlags, &c.restore)
 	if err != nil {
 		return err
 	}
 	defer stop()
 	log, shard, dataDir, metrics := rl.log, rl.shard, rl.dataDir, rl.metrics
 
-	nc, err := connectNATS(c.natsURL, "jetsync "+r.name+" "+rl.id, log)
+	js, closeNATS, err := c.natsFlags.connect(ctx, "jetsync "+r.name+" "+rl.id, log)
 	if err != nil {
 		return err
 	}
-	defer drain(nc, log)
-	checkSyncPolicy(ctx, c.monitorURL, log)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
+	defer closeNATS()
 	file := c.replica(dataDir, r.replicaFile)
 	// A cold replica restores the newest snapshot first (R-5, R-12).
 	hold, err := c.restore.restoreReplica(ctx, rl, js, file, 0, false)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -165,6 +166,24 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 			}
 			if n == 1 {
 				t.Errorf("the client showed half a transaction: %s", ev.Rows)
+			}
+		}
+	})
+
+	t.Run("ColumnOrder", func(t *testing.T) {
+		// zero-cache sends a row's columns in table order, and the client
+		// keeps them so: an app printing Object.keys or JSON.stringify of a
+		// row sees that order. The rows here came with the hydration and
+		// with the updates above.
+		want := []string{"id", "title", "open", "modified", "owner_id", "created"}
+		ack := d.do(t, map[string]any{"cmd": "local", "client": "a", "table": "issue"})
+		rows := objectKeys(t, ack.Rows)
+		if len(rows) < 10 {
+			t.Fatalf("client holds %d issue rows; want the window's 10 at least", len(rows))
+		}
+		for i, keys := range rows {
+			if !slices.Equal(keys, want) {
+				t.Fatalf("client's issue row %d has keys %v; want %v", i, keys, want)
 			}
 		}
 	})
@@ -618,6 +637,34 @@ func (d *zeroDriver) waitRowsEqual(t *testing.T, client, id string, want func() 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// objectKeys returns the keys of each object of a JSON array, in order.
+func objectKeys(t *testing.T, raw json.RawMessage) [][]string {
+	t.Helper()
+	var objs []json.RawMessage
+	if err := json.Unmarshal(raw, &objs); err != nil {
+		t.Fatalf("decode %s: %v", raw, err)
+	}
+	out := make([][]string, len(objs))
+	for i, o := range objs {
+		dec := json.NewDecoder(bytes.NewReader(o))
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			t.Fatalf("not an object: %s", o)
+		}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				t.Fatalf("decode %s: %v", o, err)
+			}
+			out[i] = append(out[i], k.(string))
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				t.Fatalf("decode %s: %v", o, err)
+			}
+		}
+	}
+	return out
 }
 
 func decodeJSON(t *testing.T, raw json.RawMessage) any {

@@ -1,6 +1,7 @@
 package zql
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -64,10 +65,11 @@ func sameClientValue(a, b any) bool {
 	}
 }
 
-// AppendJSON appends the row as a JSON object, as encoding/json writes
-// Row (keys sorted). It fails only for a NaN or infinite number.
+// AppendJSON appends the row as a JSON object, its columns in the order
+// zero-cache sends them (see objectOrder) and its values as encoding/json
+// writes them. It fails only for a NaN or infinite number.
 func (v RowValue) AppendJSON(b []byte) ([]byte, error) {
-	return v.appendObject(b, v.t.sorted())
+	return v.appendObject(b, v.t.objectOrder)
 }
 
 // AppendKeyJSON appends the row's primary key as a JSON object, as
@@ -94,18 +96,10 @@ func (v RowValue) appendObject(b []byte, cols []int) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// sorted is the columns' indexes in name order.
-func (t *table) sorted() []int { return t.byNameOrder }
-
 // sortedPK is the primary-key columns' indexes in name order.
 func (t *table) sortedPK() []int { return t.pkNameOrder }
 
 func sortedCols(t *table, cols []int) []int {
-	if cols == nil {
-		for i := range t.cols {
-			cols = append(cols, i)
-		}
-	}
 	out := slices.Clone(cols)
 	slices.SortFunc(out, func(a, b int) int {
 		switch {
@@ -117,6 +111,43 @@ func sortedCols(t *table, cols []int) []int {
 		return 0
 	})
 	return out
+}
+
+// objectOrder returns the indexes of cols in the order zero-cache sends a
+// row's columns: the replica's column order, which is cols', except that a
+// JavaScript object lists the keys that are array indexes first, in
+// numeric order, whatever order they were added in.
+func objectOrder(cols []Column) []int {
+	out := make([]int, 0, len(cols))
+	for i, c := range cols {
+		if _, ok := arrayIndex(c.Name); ok {
+			out = append(out, i)
+		}
+	}
+	slices.SortFunc(out, func(a, b int) int {
+		x, _ := arrayIndex(cols[a].Name)
+		y, _ := arrayIndex(cols[b].Name)
+		return cmp.Compare(x, y)
+	})
+	for i, c := range cols {
+		if _, ok := arrayIndex(c.Name); !ok {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// arrayIndex reports whether s is an array index as ECMAScript defines
+// it: the canonical decimal form of an integer below 2^32-1.
+func arrayIndex(s string) (uint64, bool) {
+	if s == "" || len(s) > 10 || len(s) > 1 && s[0] == '0' {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n >= 1<<32-1 {
+		return 0, false
+	}
+	return n, true
 }
 
 // appendJSONValue appends a client-form value as encoding/json writes it.

@@ -44,9 +44,11 @@ type table struct {
 	pk     []int
 	// selectSQL reads every column plus the row version.
 	selectSQL string
-	// byNameOrder and pkNameOrder are the columns', and the primary key's,
-	// indexes in name order: the order JSON objects list them in.
-	byNameOrder, pkNameOrder []int
+	// objectOrder is the order a row's columns go out in: zero-cache's, the
+	// replica's column order as a JavaScript object keeps it (see
+	// objectOrder). pkNameOrder is the primary key's columns in name order,
+	// as row keys list them.
+	objectOrder, pkNameOrder []int
 }
 
 func (s Schema) table(name string) (*table, error) {
@@ -81,7 +83,7 @@ func (s Schema) table(name string) (*table, error) {
 		}
 		t.pk = append(t.pk, i)
 	}
-	t.byNameOrder, t.pkNameOrder = sortedCols(t, nil), sortedCols(t, t.pk)
+	t.objectOrder, t.pkNameOrder = objectOrder(ts.Columns), sortedCols(t, t.pk)
 	return t, nil
 }
 

@@ -54,6 +54,10 @@ type node struct {
 	// exists lists every correlated condition of where, wherever it sits:
 	// each brings its witness rows.
 	exists []*existsCond
+	// flips is set when where holds a flipped EXISTS: whether its
+	// witnesses are synced then depends on the branch a row passes by
+	// (see viaFlips).
+	flips bool
 	// private nodes are reached through a permissions subquery: their rows
 	// are used but never synced.
 	private bool
@@ -227,6 +231,7 @@ func (c *compiler) node(a *AST, inExists, private bool) (*node, error) {
 		if n.where, err = c.cond(n, a.Where, private); err != nil {
 			return nil, err
 		}
+		n.flips = hasFlip(n.where)
 		n.push, n.pushArgs = pushdown(n.t, a.Where)
 	}
 	// Two related entries with one alias: the last wins.

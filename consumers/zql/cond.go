@@ -1,5 +1,7 @@
 package zql
 
+import "slices"
+
 // cond is a compiled condition, evaluated on one row within a hydration
 // (EXISTS looks up children through it).
 type cond interface {
@@ -131,4 +133,77 @@ func (s *simpleCond) test(v any) bool {
 		return s.like != nil && !s.like.match(likeText(v))
 	}
 	return false
+}
+
+// flipped reports whether e runs as zero's flipped join: a flipped EXISTS
+// not resolved beforehand as a scalar.
+func (e *existsCond) flipped() bool { return e.flip && e.pin == nil }
+
+// hasFlip reports whether c holds a flipped EXISTS at any level.
+func hasFlip(c cond) bool {
+	switch x := c.(type) {
+	case *existsCond:
+		return x.flipped()
+	case andCond:
+		return slices.ContainsFunc(x, hasFlip)
+	case orCond:
+		return slices.ContainsFunc(x, hasFlip)
+	}
+	return false
+}
+
+// viaFlips appends to out the flipped EXISTS conditions of c whose
+// witnesses zero syncs for r, and reports whether r passes c. Zero runs a
+// flipped EXISTS as a join from the child rows, whose output carries every
+// matching child; an or holding one becomes a union of its branches, the
+// members without flips together first, then each member with flips in
+// order, and a row passing several branches comes from the first. So a
+// row that passes by another branch brings no witnesses of the flipped
+// EXISTS, and an and brings those of each of its members.
+func (h *hydration) viaFlips(c cond, r *row, out []*existsCond) ([]*existsCond, bool, error) {
+	if !hasFlip(c) {
+		ok, err := c.eval(h, r)
+		return out, ok, err
+	}
+	switch x := c.(type) {
+	case *existsCond:
+		ok, err := x.eval(h, r)
+		if ok && !x.never {
+			out = append(out, x)
+		}
+		return out, ok, err
+	case andCond:
+		n := len(out)
+		for _, s := range x {
+			var ok bool
+			var err error
+			if out, ok, err = h.viaFlips(s, r, out); err != nil || !ok {
+				return out[:n], false, err
+			}
+		}
+		return out, true, nil
+	case orCond:
+		for _, s := range x {
+			if hasFlip(s) {
+				continue
+			}
+			if ok, err := s.eval(h, r); err != nil || ok {
+				return out, ok, err
+			}
+		}
+		n := len(out)
+		for _, s := range x {
+			if !hasFlip(s) {
+				continue
+			}
+			more, ok, err := h.viaFlips(s, r, out)
+			if err != nil || ok {
+				return more, ok, err
+			}
+			out = more[:n]
+		}
+		return out, false, nil
+	}
+	ok, err := c.eval(h, r)
+	return out, ok, err
 }

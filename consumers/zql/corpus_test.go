@@ -212,6 +212,11 @@ func checkResult(res *Result, rec hydrateRecord) error {
 			sort.Strings(extra)
 			problems = append(problems, fmt.Sprintf("%s: %d extra %v", table, len(extra), clip(extra)))
 		}
+		// Where zero-cache chose its witnesses, others will do, but not
+		// more of them: each costs bandwidth and client memory.
+		if n := len(got[table]); rec.WitnessesVary && n > len(rec.Rows[table]) {
+			problems = append(problems, fmt.Sprintf("%s: %d rows synced; zero-cache synced %d", table, n, len(rec.Rows[table])))
+		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -190,7 +191,17 @@ func (h *hydration) emit(n *node, r *row) error {
 	}
 	seen[key] = true
 	h.add(n.t, key, r)
+	var via []*existsCond
+	if n.flips {
+		var err error
+		if via, _, err = h.viaFlips(n.where, r, nil); err != nil {
+			return err
+		}
+	}
 	for _, e := range n.exists {
+		if e.flipped() && !slices.Contains(via, e) {
+			continue
+		}
 		if err := h.witness(e, r); err != nil {
 			return err
 		}
@@ -217,9 +228,11 @@ func (h *hydration) emit(n *node, r *row) error {
 	return nil
 }
 
-// witness syncs the children of r that witness e, whatever e evaluated to:
-// zero's join fetches them for every row it outputs, even one that passed
-// through another branch of an or, or a NOT EXISTS with limit 0.
+// witness syncs the children of r that witness e. For an EXISTS not
+// flipped, that is whatever e evaluated to: zero's join fetches them for
+// every row it outputs, even one that passed through another branch of an
+// or, or a NOT EXISTS with limit 0. A flipped one brings every matching
+// child, but only for rows that pass by it (see viaFlips).
 func (h *hydration) witness(e *existsCond, r *row) error {
 	if e.never || e.node.private {
 		return nil

@@ -3,6 +3,7 @@ package viewsyncer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"slices"
 	"time"
@@ -416,12 +417,23 @@ func parseASTs(ops []queryPatchOp, snap *snapshot) (map[string]*zql.AST, error) 
 		}
 		if snap != nil {
 			if _, err := zql.Compile(snap.schema.zql, ast); err != nil {
-				return nil, newProtocolError(kindInvalidMessage, "query %s: %v", op.Hash, err)
+				return nil, compileError(op.Hash, err)
 			}
 		}
 		asts[op.Hash] = ast
 	}
 	return asts, nil
+}
+
+// compileError is the error frame for a query that does not compile:
+// zero-cache's Internal error for one it fails to hydrate (an unknown table
+// or column, what its engine refuses), InvalidMessage for a malformed one.
+func compileError(hash string, err error) *protocolError {
+	var r *zql.Refusal
+	if errors.As(err, &r) {
+		return newProtocolError(kindInternal, "%s", r.Message)
+	}
+	return newProtocolError(kindInvalidMessage, "query %s: %v", hash, err)
 }
 
 func sameJSON(a, b json.RawMessage) bool {

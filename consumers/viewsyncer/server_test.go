@@ -258,7 +258,7 @@ func TestServer_Handshake(t *testing.T) {
 	t.Run("UnknownTableInAST", func(t *testing.T) {
 		c := connect(t, e, dialOpts{group: "g5", client: "c1", init: initFrame(testSchema, put("q", `{"table":"nope"}`, 0))})
 		c.expect("connected")
-		c.expectError(kindInvalidMessage, "query q", closeNormal)
+		c.expectError(kindInternal, "table 'nope' is not one of: ", closeNormal)
 	})
 
 	t.Run("NewGroupWithoutSchema", func(t *testing.T) {
@@ -437,4 +437,72 @@ func TestServer_Rows(t *testing.T) {
 			t.Errorf("catch-up = %v; want lmid c1 3", p.patches)
 		}
 	})
+}
+
+// badQueryCases are legacy queries zero-cache 1.9.0 refuses, with the
+// error kind and the start of the message it sends before it closes the
+// socket (e2e/badquery_test.go runs them against it). Where zero-cache
+// fails with a TypeError of its own, jetsync names the column instead; a
+// malformed AST gets jetsync's own message.
+var badQueryCases = []struct{ name, ast, kind, prefix string }{
+	{"UnknownTable", `{"table":"nope"}`, kindInternal, "table 'nope' is not one of: comment,issue,issue_label,label,user. Check the spelling"},
+	{"UnknownWhereColumn", `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"nope"},"op":"=","right":{"type":"literal","value":1}}}`, kindInternal, `no such column: "nope"`},
+	{"UnknownOrderByColumn", `{"table":"issue","orderBy":[["nope","asc"]]}`, kindInternal, `no such column: "nope"`},
+	{"UnknownRelatedChildField", `{"table":"issue","related":[{"correlation":{"parentField":["owner_id"],"childField":["nope"]},"subquery":{"table":"user","alias":"owner"}}]}`, kindInternal, `no such column: "nope"`},
+	{"UnknownRelatedParentField", `{"table":"issue","related":[{"correlation":{"parentField":["nope"],"childField":["id"]},"subquery":{"table":"user","alias":"owner"}}]}`, kindInternal, `no such column: "nope"`},
+	{"UnknownRelatedTable", `{"table":"issue","related":[{"correlation":{"parentField":["owner_id"],"childField":["id"]},"subquery":{"table":"nope","alias":"owner"}}]}`, kindInternal, "table 'nope' is not one of"},
+	{"UnknownExistsColumn", `{"table":"issue","where":{"type":"correlatedSubquery","op":"EXISTS","related":{"correlation":{"parentField":["id"],"childField":["nope"]},"subquery":{"table":"comment","alias":"zsubq_comments"}}}}`, kindInternal, `no such column: "nope"`},
+	{"ExistsWithStart", `{"table":"issue","where":{"type":"correlatedSubquery","op":"EXISTS","related":{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"zsubq_comments","orderBy":[["id","asc"]],"start":{"row":{"id":"c"},"exclusive":true}}}}}`, kindInternal, "EXISTS subqueries must not have start"},
+	{"UnknownOperator", `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"op":"~~","right":{"type":"literal","value":"x"}}}`, kindInvalidMessage, ""},
+	{"NullInList", `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"op":"IN","right":{"type":"literal","value":["x",null]}}}`, kindInvalidMessage, ""},
+	{"UnknownConditionType", `{"table":"issue","where":{"type":"xor","conditions":[]}}`, kindInvalidMessage, ""},
+	{"NotAnAST", `[1,2,3]`, kindInvalidMessage, ""},
+}
+
+// TestServer_BadQueries sends each bad query on a connection whose other
+// query is synced: it gets its error frame and its socket closes, and
+// nothing else suffers: another group keeps its pokes, and the client
+// reconnecting from its cookie finds its group and its other query whole.
+// A bad query in initConnection fails the same way.
+func TestServer_BadQueries(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 20})
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	other := connect(t, e, dialOpts{group: "bystander", client: "b1", init: initFrame(testSchema, put("good", good, 0))})
+	other.hydrated()
+	waitTitle := func(c *tc, title string) {
+		t.Helper()
+		for {
+			p := c.poke()
+			for _, patch := range p.patches {
+				if strings.Contains(patch, `"title":"`+title+`"`) {
+					return
+				}
+			}
+		}
+	}
+	for i, bq := range badQueryCases {
+		t.Run(bq.name, func(t *testing.T) {
+			group := fmt.Sprint("bad", i)
+			c := connect(t, e, dialOpts{group: group, client: "c1", init: initFrame(testSchema, put("good", good, 0))})
+			p := c.hydrated()
+			c.send(`["changeDesiredQueries",{"desiredQueriesPatch":[` + put("bad", bq.ast, 0) + `]}]`)
+			c.expectError(bq.kind, bq.prefix, closeNormal)
+
+			title := fmt.Sprint("after ", bq.name)
+			e.execSQL(fmt.Sprintf("UPDATE issue SET title = '%s' WHERE id = 'i0000001'", title))
+			waitTitle(other, title)
+
+			c = connect(t, e, dialOpts{group: group, client: "c1", base: p.cookie, init: initFrame("")})
+			c.expect("connected")
+			waitTitle(c, title)
+			title += " again"
+			e.execSQL(fmt.Sprintf("UPDATE issue SET title = '%s' WHERE id = 'i0000001'", title))
+			waitTitle(c, title)
+			waitTitle(other, title)
+
+			n := connect(t, e, dialOpts{group: group + "-init", client: "c1", init: initFrame(testSchema, put("good", good, 0), put("bad", bq.ast, 0))})
+			n.expect("connected")
+			n.expectError(bq.kind, bq.prefix, closeNormal)
+		})
+	}
 }

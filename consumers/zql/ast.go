@@ -167,6 +167,22 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidAST, fmt.Sprintf(format, args...))
 }
 
+// Refusal is an AST that is well formed but that Compile cannot run: it
+// names a table or column the schema lacks, or asks for what zero's engine
+// refuses. zero-cache fails such a query when it hydrates it, with an
+// Internal error; Message is the message it sends, where it has one of
+// its own. A Refusal is an ErrInvalidAST too.
+type Refusal struct{ Message string }
+
+func (r *Refusal) Error() string { return r.Message }
+
+// Is reports whether target is ErrInvalidAST.
+func (r *Refusal) Is(target error) bool { return target == ErrInvalidAST }
+
+func refuse(format string, args ...any) error {
+	return &Refusal{Message: fmt.Sprintf(format, args...)}
+}
+
 // ParseAST decodes and validates the structure of a wire AST. References to
 // tables and columns are checked by Compile, which knows the schema.
 func ParseAST(b []byte) (*AST, error) {
@@ -203,11 +219,6 @@ func (a *AST) validate(root bool) error {
 	if a.Start != nil {
 		if a.Start.Row == nil {
 			return invalid("%s: start without row", a.Table)
-		}
-		for k, v := range a.Start.Row {
-			if !scalarLiteral(v) {
-				return invalid("%s: start value of %s is not a string, number, boolean or null", a.Table, k)
-			}
 		}
 	}
 	for i := range a.Related {

@@ -59,15 +59,22 @@ func TestParseAST(t *testing.T) {
 	}
 }
 
+// TestCompile checks what Compile refuses, in zero-cache's words where it
+// has its own, and what it lets through as zero-cache does.
 func TestCompile(t *testing.T) {
+	exists := func(sub string) string {
+		return `{"table":"issue","where":{"type":"correlatedSubquery","op":"EXISTS","related":{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":` + sub + `}}}`
+	}
 	for _, tc := range []struct{ name, ast, want string }{
-		{"UnknownTable", `{"table":"nope"}`, `unknown table "nope"`},
-		{"UnknownWhereColumn", `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"nope"},"op":"=","right":{"type":"literal","value":1}}}`, "unknown column issue.nope"},
-		{"UnknownOrderColumn", `{"table":"issue","orderBy":[["nope","asc"]]}`, "unknown column issue.nope"},
-		{"UnknownStartColumn", `{"table":"issue","start":{"row":{"nope":1},"exclusive":false}}`, "unknown column issue.nope"},
-		{"UnknownChildColumn", `{"table":"issue","related":[{"correlation":{"parentField":["id"],"childField":["nope"]},"subquery":{"table":"comment","alias":"c"}}]}`, "unknown column comment.nope"},
-		{"UnknownParentColumn", `{"table":"issue","where":{"type":"correlatedSubquery","op":"EXISTS","related":{"correlation":{"parentField":["nope"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"c"}}}}`, "unknown column issue.nope"},
-		{"UnknownSubqueryTable", `{"table":"issue","related":[{"correlation":{"parentField":["id"],"childField":["id"]},"subquery":{"table":"nope","alias":"c"}}]}`, `unknown table "nope"`},
+		{"UnknownTable", `{"table":"nope"}`, `table 'nope' is not one of: comment,issue,issue_label,label,user. Check the spelling and ensure that the table has a primary key.`},
+		{"UnknownWhereColumn", `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"nope"},"op":"=","right":{"type":"literal","value":1}}}`, `no such column: "nope"`},
+		{"UnknownOrderColumn", `{"table":"issue","orderBy":[["nope","asc"]]}`, `no such column: "nope"`},
+		{"UnknownChildColumn", `{"table":"issue","related":[{"correlation":{"parentField":["id"],"childField":["nope"]},"subquery":{"table":"comment","alias":"c"}}]}`, `no such column: "nope"`},
+		{"UnknownParentColumn", `{"table":"issue","where":{"type":"correlatedSubquery","op":"EXISTS","related":{"correlation":{"parentField":["nope"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"c"}}}}`, `no such column: "nope"`},
+		{"UnknownSubqueryTable", `{"table":"issue","related":[{"correlation":{"parentField":["id"],"childField":["id"]},"subquery":{"table":"nope","alias":"c"}}]}`, `table 'nope' is not one of`},
+		{"ExistsWithStart", exists(`{"table":"comment","alias":"c","orderBy":[["id","asc"]],"start":{"row":{"id":"c"},"exclusive":true}}`), "EXISTS subqueries must not have start"},
+		{"ExistsWithRelated", exists(`{"table":"comment","alias":"c","related":[{"correlation":{"parentField":["issue_id"],"childField":["id"]},"subquery":{"table":"issue","alias":"i"}}]}`), "EXISTS subqueries must not have related"},
+		{"ObjectInStart", `{"table":"issue","orderBy":[["title","asc"]],"start":{"row":{"title":{"a":1}},"exclusive":false}}`, "start value of title is not a string"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ast, err := ParseAST([]byte(tc.ast))
@@ -76,6 +83,26 @@ func TestCompile(t *testing.T) {
 			}
 			if _, err := Compile(benchSchema, ast); err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrInvalidAST) {
 				t.Fatalf("Compile = %v; want an ErrInvalidAST containing %q", err, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, ast string }{
+		// A row taken from a view carries its relationships, and may lack
+		// ordering columns (compared as NULL).
+		{"StartWithOtherKeys", `{"table":"issue","orderBy":[["modified","asc"]],"start":{"row":{"id":"i0000002","modified":1,"owner":{"id":"u000001"},"nope":[1]},"exclusive":true}}`},
+		{"StartPartial", `{"table":"issue","orderBy":[["modified","asc"]],"start":{"row":{"modified":1},"exclusive":false}}`},
+		// limit 0 makes an EXISTS constant, and a flipped one is a join
+		// from the children: neither refuses a cursor.
+		{"ExistsLimitZeroWithStart", exists(`{"table":"comment","alias":"c","limit":0,"start":{"row":{"id":"c"},"exclusive":true}}`)},
+		{"FlippedExistsWithStart", `{"table":"issue","where":{"type":"correlatedSubquery","op":"EXISTS","flip":true,"related":{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"c","start":{"row":{"id":"c"},"exclusive":true}}}}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ast, err := ParseAST([]byte(tc.ast))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Compile(benchSchema, ast); err != nil {
+				t.Fatalf("Compile = %v; want success", err)
 			}
 		})
 	}

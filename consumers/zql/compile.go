@@ -216,14 +216,15 @@ func (c *compiler) node(a *AST, inExists, private bool) (*node, error) {
 	}
 	n.orderSQL = " ORDER BY " + strings.Join(parts, ", ")
 	if a.Start != nil {
+		// Only the ordering's columns count: zero ignores the others, which
+		// a row the client took from a view may hold (its relationships).
 		cur := &cursor{exclusive: a.Start.Exclusive, vals: make([]any, len(n.order))}
-		for k := range a.Start.Row {
-			if _, err := t.col(k); err != nil {
-				return nil, err
-			}
-		}
 		for i, o := range n.order {
-			cur.vals[i] = a.Start.Row[t.cols[o.col].Name]
+			name := t.cols[o.col].Name
+			if v := a.Start.Row[name]; !scalarLiteral(v) {
+				return nil, invalid("%s: start value of %s is not a string, number, boolean or null", t.name, name)
+			}
+			cur.vals[i] = a.Start.Row[name]
 		}
 		n.start = cur
 	}
@@ -306,6 +307,16 @@ func (c *compiler) exists(n *node, w *Condition, private bool) (cond, error) {
 	cn, err := c.node(r.Subquery, true, private || r.System == SystemPermissions)
 	if err != nil {
 		return nil, err
+	}
+	// zero builds a join not flipped only for a subquery whose limit is not
+	// 0, and refuses one with a cursor or related subqueries.
+	if (w.Flip == nil || !*w.Flip || w.Op == "NOT EXISTS") && (r.Subquery.Limit == nil || *r.Subquery.Limit != 0) {
+		switch {
+		case r.Subquery.Start != nil:
+			return nil, refuse("EXISTS subqueries must not have start")
+		case len(r.Subquery.Related) > 0:
+			return nil, refuse("EXISTS subqueries must not have related")
+		}
 	}
 	e := &existsCond{from: n, not: w.Op == "NOT EXISTS", parent: parent, child: child, node: cn}
 	// The planner never flips a NOT EXISTS (corpus item 10).

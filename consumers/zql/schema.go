@@ -2,6 +2,7 @@ package zql
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -54,7 +55,15 @@ type table struct {
 func (s Schema) table(name string) (*table, error) {
 	ts, ok := s.Tables[name]
 	if !ok {
-		return nil, invalid("unknown table %q", name)
+		// zero-cache's words, listing the tables of the public schema.
+		var names []string
+		for n := range s.Tables {
+			if !strings.Contains(n, ".") && !strings.HasPrefix(n, "_litestream_") {
+				names = append(names, n)
+			}
+		}
+		slices.Sort(names)
+		return nil, refuse("table '%s' is not one of: %s. Check the spelling and ensure that the table has a primary key.", name, strings.Join(names, ","))
 	}
 	t := &table{name: name, cols: ts.Columns, byName: make(map[string]int, len(ts.Columns))}
 	var sel strings.Builder
@@ -90,7 +99,8 @@ func (s Schema) table(name string) (*table, error) {
 func (t *table) col(name string) (int, error) {
 	i, ok := t.byName[name]
 	if !ok {
-		return 0, invalid("unknown column %s.%s", t.name, name)
+		// SQLite's words, in which zero-cache reports most of these.
+		return 0, refuse("no such column: %s", quoteIdent(name))
 	}
 	return i, nil
 }

@@ -175,7 +175,9 @@ func (a *apiServer) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		out := []any{}
 		for _, q := range qs {
+			a.mu.Lock()
 			ast, ok := a.asts[q.ID]
+			a.mu.Unlock()
 			if !ok {
 				out = append(out, map[string]any{"error": "app", "id": q.ID, "name": q.Name, "message": "no query " + q.Name})
 				continue

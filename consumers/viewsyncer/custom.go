@@ -7,6 +7,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/zql"
 )
 
 // via is the connection whose credentials transform the group's synced
@@ -36,7 +37,31 @@ func (g *group) syncVia(ctx context.Context, snap *snapshot, v *via) (*connctx.V
 	if err != nil {
 		return nil, err
 	}
+	if err := g.checkTransformed(snap); err != nil {
+		return nil, err
+	}
 	return val, g.syncAt(ctx, snap)
+}
+
+// checkTransformed fails a synced query about to be hydrated whose AST,
+// as the API server gave it, does not compile on snap: zero-cache fails
+// its hydration, and the connection that asked, with an Internal error.
+// Without this the query would never be got, and its client would wait.
+func (g *group) checkTransformed(snap *snapshot) error {
+	if snap == nil {
+		return nil
+	}
+	for _, h := range sortedKeys(g.cvr.queries) {
+		q := g.cvr.queries[h]
+		if _, ok := g.pipelines[h]; ok || q.name == "" || q.ast == nil {
+			continue
+		}
+		if _, err := zql.Compile(snap.schema.zql, q.ast); err != nil {
+			g.log.Warn("synced query does not compile", "query", h, "name", q.name, "err", err)
+			return compileError(h, err)
+		}
+	}
+	return nil
 }
 
 // transform resolves the group's synced queries through the query endpoint

@@ -109,6 +109,37 @@ func TestServer_SyncedQueries(t *testing.T) {
 		c.expectFailure("TransformFailed", 403, closeAuth) // before any poke
 	})
 
+	t.Run("TransformedASTDoesNotCompile", func(t *testing.T) {
+		// The API server answers with an AST over a table the replica lacks:
+		// the connection that asked gets zero-cache's Internal error, and
+		// another group stays served.
+		other := connect(t, e, dialOpts{group: "sq8", client: "c1", user: "u1", token: token, init: initFrame(testSchema, labelsAllPut)})
+		other.hydrated()
+		e.api.mu.Lock()
+		e.api.asts["badast1"] = json.RawMessage(`{"table":"nope"}`)
+		e.api.mu.Unlock()
+		c := connect(t, e, dialOpts{group: "sq7", client: "c1", user: "u1", token: token, init: initFrame(testSchema, labelsAllPut)})
+		c.hydrated()
+		c.send(`["changeDesiredQueries",{"desiredQueriesPatch":[{"op":"put","hash":"badast1","name":"bad","args":[],"ttl":300000}]}]`)
+		// Within a deadline: keep-alive pongs would keep a plain read waiting.
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			if time.Now().After(deadline) {
+				t.Fatal("no error within 20 s: the query hangs")
+			}
+			tag, body := readFrame(t, c.ws)
+			if tag != "error" {
+				continue // the desired put's poke, pongs
+			}
+			var pe protocolError
+			if err := json.Unmarshal(body, &pe); err != nil || pe.Kind != kindInternal || !strings.HasPrefix(pe.Message, "table 'nope' is not one of: ") {
+				t.Fatalf("error %s; want Internal, table 'nope' is not one of: …", body)
+			}
+			c.expectClose(closeNormal)
+			break
+		}
+		other.alive()
+	})
+
 	t.Run("PinnedUser", func(t *testing.T) {
 		c := connect(t, e, dialOpts{group: "sq5", client: "c1", user: "u1", token: token, init: initFrame(testSchema, labelsAllPut)})
 		c.hydrated()

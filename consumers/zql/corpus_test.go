@@ -134,6 +134,16 @@ func checkRecord(t *testing.T, q Querier, rec hydrateRecord) error {
 	return checkResult(res, rec)
 }
 
+// plannerFlipped lists the records whose witnesses jetsync does not choose
+// as zero-cache did: its query planner flipped a join the AST left
+// unflipped, and synced every matching child where jetsync syncs 3 per
+// row (exists-048: all 333 closed issues of the 10 users). Of the other
+// records marked witnessesVary, zero-cache chose the witnesses jetsync's
+// rules give (the first 3 in key order for a join not flipped; none for a
+// row passing by another branch than a flipped EXISTS's): they must match
+// exactly, so that a change in those rules shows.
+var plannerFlipped = map[string]bool{"exists-048": true}
+
 // checkResult compares res with rec's rows.
 func checkResult(res *Result, rec hydrateRecord) error {
 	if res.Values != nil {
@@ -175,7 +185,7 @@ func checkResult(res *Result, rec hydrateRecord) error {
 			want[pkString(table, row)] = row
 		}
 		optional := map[string]bool{}
-		if rec.WitnessesVary {
+		if rec.WitnessesVary && plannerFlipped[rec.ID] {
 			for _, pk := range rec.NotInTree[table] {
 				optional[pkString(table, pk)] = true
 			}
@@ -214,7 +224,7 @@ func checkResult(res *Result, rec hydrateRecord) error {
 		}
 		// Where zero-cache chose its witnesses, others will do, but not
 		// more of them: each costs bandwidth and client memory.
-		if n := len(got[table]); rec.WitnessesVary && n > len(rec.Rows[table]) {
+		if n := len(got[table]); rec.WitnessesVary && plannerFlipped[rec.ID] && n > len(rec.Rows[table]) {
 			problems = append(problems, fmt.Sprintf("%s: %d rows synced; zero-cache synced %d", table, n, len(rec.Rows[table])))
 		}
 	}

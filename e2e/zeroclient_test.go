@@ -188,6 +188,44 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 		}
 	})
 
+	t.Run("FlippedExistsWitnesses", func(t *testing.T) {
+		// An issue passing by open = false brings none of its comments: only
+		// those passing by the flipped EXISTS do, with all of theirs. A
+		// client of its own, so that its store holds this query's rows only.
+		d.open(t, "w", srv.url, "u000001", signToken(t, zeroSecret, "u000001", time.Hour), "w")
+		d.waitState(t, "w", "connected", 30*time.Second)
+		d.do(t, map[string]any{"cmd": "query", "client": "w", "id": "flip", "table": "issue",
+			"where":   map[string]any{"or": []any{[]any{"open", "=", false}, map[string]any{"exists": "comments", "flip": true}}},
+			"orderBy": [][]string{{"id", "asc"}}, "limit": 30})
+		d.waitRowsEqual(t, "w", "flip", func() json.RawMessage {
+			return sqlRows(t, pg, `SELECT `+issueJSON+` FROM issue i WHERE NOT i.open OR EXISTS (SELECT 1 FROM comment c WHERE c.issue_id = i.id) ORDER BY i.id LIMIT 30`)
+		})
+		var want []string
+		rows, err := pg.Query(ctx, `SELECT c.id FROM comment c JOIN (SELECT id, open FROM issue i WHERE NOT i.open OR EXISTS (SELECT 1 FROM comment c WHERE c.issue_id = i.id) ORDER BY id LIMIT 30) i ON c.issue_id = i.id WHERE i.open ORDER BY c.id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, id)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, c := range decodeJSON(t, d.do(t, map[string]any{"cmd": "local", "client": "w", "table": "comment"}).Rows).([]any) {
+			got = append(got, c.(map[string]any)["id"].(string))
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("client holds %d comments %v; want the %d of the open issues %v", len(got), got, len(want), want)
+		}
+		d.do(t, map[string]any{"cmd": "close", "client": "w"})
+	})
+
 	t.Run("SharedStorage", func(t *testing.T) {
 		// A second instance with the same userID and storageKey is another
 		// client of the same group, as a second tab is.

@@ -15,7 +15,7 @@
 //       "start":{"row":{...},"inclusive":false},"one":true,
 //       "related":[{"name":"owner","query":<query without table>}]}
 //      W is ["col","op",value] or ["col",value] | {"and":[W...]} |
-//      {"or":[W...]} | {"not":W} | {"exists":"rel","query":<query>}
+//      {"or":[W...]} | {"not":W} | {"exists":"rel","query":<query>,"flip":true}
 //   {"cmd":"unquery","client":"a","id":"q1"}      destroys the view
 //   {"cmd":"local","client":"a","table":"issue"}  the table's rows in the client's
 //                                                 store, whichever queries hold them
@@ -115,9 +115,8 @@ function buildCondition(eb, w) {
   if (w.or) return eb.or(...w.or.map(c => buildCondition(eb, c)));
   if (w.not) return eb.not(buildCondition(eb, w.not));
   if (w.exists) {
-    return w.query
-      ? eb.exists(w.exists, q => buildQuery(q, w.query))
-      : eb.exists(w.exists);
+    const opts = w.flip !== undefined ? {flip: w.flip} : undefined;
+    return eb.exists(w.exists, w.query ? q => buildQuery(q, w.query) : undefined, opts);
   }
   throw new Error(`bad condition ${JSON.stringify(w)}`);
 }

@@ -696,9 +696,61 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 	if !g.hasReady() || g.unloaded || snap.version <= stateOf(g.cvr.version) {
 		return nil
 	}
+	g.transformPending(ctx)
 	err := g.sync(ctx, snap, changed)
+	if err == nil {
+		// The pipelines are synced: background retransforms may run.
+		g.cc.SetRetransformReady(true)
+	}
 	g.dropIfBroken()
 	return err
+}
+
+// transformPending transforms the synced queries that are still waiting
+// for their AST. A config change transforms only when there is a snapshot
+// to sync at, so the queries of clients that connected before the replica
+// existed wait for the first advance. They go through a ready connection,
+// as a config change of its client would; a failure is that client's, and
+// it is sent away with it (its reconnect transforms again), while the
+// group's other queries advance.
+func (g *group) transformPending(ctx context.Context) {
+	if !g.s.api.QueryConfigured() {
+		return
+	}
+	for _, c := range g.sortedConns() {
+		if !g.hasPendingTransform() {
+			return
+		}
+		if !c.ready {
+			continue
+		}
+		v, err := g.viaConn(c, false)
+		if err != nil {
+			continue
+		}
+		val, err := g.transform(ctx, v, g.ttlClock(time.Now()))
+		if err == nil {
+			err = g.validateVia(v, val)
+		} else if appapi.IsAuth(err) {
+			g.cc.Fail(v.ac.Selector, v.ac.Revision)
+		}
+		if err != nil {
+			g.log.Warn("transform queued synced queries", "client", c.clientID, "err", err)
+			c.ready = false
+			c.failErr(err)
+		}
+	}
+}
+
+// hasPendingTransform reports whether a live synced query waits for its AST.
+func (g *group) hasPendingTransform() bool {
+	clock := g.ttlClock(time.Now())
+	for h, q := range g.cvr.queries {
+		if q.pendingTransform() && !g.queryExpired(h, clock) {
+			return true
+		}
+	}
+	return false
 }
 
 // dropIfBroken forgets a group whose sync failed halfway. Its clients are

@@ -261,8 +261,14 @@ func TestRun_FreshMachine(t *testing.T) {
 	t.Run("DemoPostgresPermissions", func(t *testing.T) { checkPGPermissions(t, filepath.Join(dataDir, "postgres")) })
 
 	t.Run("Health", func(t *testing.T) {
-		body, code := get(t, fmt.Sprintf("http://127.0.0.1:%d/", httpPort))
-		if code != http.StatusOK || body != "OK" {
+		// / answers OK once the replica is ready, as zero-cache's does.
+		var body string
+		var code int
+		waitFor(t, 90*time.Second, "GET / to answer 200", func() bool {
+			body, code = get(t, fmt.Sprintf("http://127.0.0.1:%d/", httpPort))
+			return code == http.StatusOK
+		})
+		if body != "OK" {
 			t.Errorf("GET / = %d %q; want 200 OK", code, body)
 		}
 	})
@@ -666,7 +672,14 @@ func TestRoles(t *testing.T) {
 		p.logRecord(t, "http listening", 30*time.Second)
 	}
 	vsPort := int(vs.logRecord(t, "http listening", time.Second)["port"].(float64))
-	if body, code := get(t, fmt.Sprintf("http://127.0.0.1:%d/", vsPort)); code != 200 || body != "OK" {
+	// / answers OK once the view-syncer's replica is ready.
+	var body string
+	var code int
+	waitFor(t, 90*time.Second, "the view-syncer's GET / to answer 200", func() bool {
+		body, code = get(t, fmt.Sprintf("http://127.0.0.1:%d/", vsPort))
+		return code == http.StatusOK
+	})
+	if body != "OK" {
 		t.Errorf("view-syncer GET / = %d %q", code, body)
 	}
 

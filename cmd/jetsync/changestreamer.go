@@ -69,11 +69,11 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	file := c.replica(dataDir, "backup-replica.db")
-	_, backed, err := backedReplica(ctx, rl, js, file, "backup", "backup-replica", &c.backup, &c.restore, c.streamReplicas)
+	cons, backed, err := backedReplica(ctx, rl, js, file, "backup", "backup-replica", &c.backup, &c.restore, c.streamReplicas)
 	if err != nil {
 		return err
 	}
-	h, err := listenHTTP(c.port, metrics, log)
+	h, err := c.roleFlags.listenHTTP(metrics, log, replicaReady(cons))
 	if err != nil {
 		return err
 	}

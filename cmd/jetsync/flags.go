@@ -2,10 +2,14 @@ package main
 
 import (
 	"flag"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -16,6 +20,9 @@ type roleFlags struct {
 	taskID      string
 	replicaFile string
 	port        int
+	// keepaliveMs is zero-cache's ZERO_KEEPALIVE_TIMEOUT_MS; 0 turns the
+	// heartbeat monitor off.
+	keepaliveMs int
 }
 
 func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault string) {
@@ -23,12 +30,27 @@ func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault 
 	fs.StringVar(&r.dataDir, "data-dir", e.str("JETSYNC_DATA_DIR", DefaultDataDir), "directory for everything this instance keeps [JETSYNC_DATA_DIR]")
 	fs.StringVar(&r.taskID, "task-id", e.str("ZERO_TASK_ID", ""), "instance identity, naming its durable consumers; default a random ID kept in the data dir [ZERO_TASK_ID]")
 	fs.StringVar(&r.replicaFile, "replica-file", e.str("ZERO_REPLICA_FILE", ""), "SQLite replica file; default <data-dir>/"+replicaDefault+" [ZERO_REPLICA_FILE]")
-	fs.IntVar(&r.port, "port", e.int("ZERO_PORT", port), "HTTP port for / (health) and /metrics; 0 picks a free port [ZERO_PORT]")
+	fs.IntVar(&r.port, "port", e.int("ZERO_PORT", port), "HTTP port for / (health: OK once the replica is ready), /keepalive and /metrics; 0 picks a free port [ZERO_PORT]")
+	fs.IntVar(&r.keepaliveMs, "keepalive-timeout-ms", e.int("ZERO_KEEPALIVE_TIMEOUT_MS", 0), "drain once /keepalive, called once, goes uncalled this long; 0: never [ZERO_KEEPALIVE_TIMEOUT_MS]")
+}
+
+// listenHTTP binds the role's port; / answers OK once ready reports true.
+func (r *roleFlags) listenHTTP(reg prometheus.Gatherer, log *slog.Logger, ready func() bool) (*httpServer, error) {
+	h, err := listenHTTP(r.port, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	h.SetReady(ready)
+	h.keepalive = time.Duration(r.keepaliveMs) * time.Millisecond
+	return h, nil
 }
 
 func (r *roleFlags) validate() error {
 	if r.port < 0 || r.port > 65535 {
 		return usageError("port %d out of range", r.port)
+	}
+	if r.keepaliveMs < 0 {
+		return usageError("keepalive timeout %d ms is negative", r.keepaliveMs)
 	}
 	return nil
 }
@@ -94,4 +116,10 @@ func (n *natsFlags) register(fs *flag.FlagSet, e *env) {
 	n.natsURL = e.str("JETSYNC_NATS_URL", DefaultNATSURL)
 	fs.Var(secret{&n.natsURL}, "nats-url", "NATS server `URL` [JETSYNC_NATS_URL]")
 	fs.StringVar(&n.monitorURL, "nats-monitor-url", e.str("JETSYNC_NATS_MONITOR_URL", ""), "the NATS server's monitoring endpoint `URL` (like http://127.0.0.1:8222), to check that it fsyncs every write [JETSYNC_NATS_MONITOR_URL]")
+}
+
+// replicaReady reports whether cons's replica exists: synced once, not
+// being restored or rebuilt from scratch.
+func replicaReady(cons *replica.Consumer) func() bool {
+	return func() bool { return cons.State().Watermark != "" }
 }

@@ -7,20 +7,34 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// httpServer serves zero-cache's health check at / and metrics at /metrics.
-// Roles add their own routes (the view-syncer's sync endpoint) with Handle
-// before Run.
+// httpServer serves zero-cache's health check at /, its heartbeat at
+// /keepalive and metrics at /metrics. Roles add their own routes (the
+// view-syncer's sync endpoint) with Handle before Run.
 type httpServer struct {
 	ln  net.Listener
 	mux *http.ServeMux
 	log *slog.Logger
+	// ready reports whether the process can serve a query (its replica
+	// exists): zero-cache listens only then, so / answers OK only then.
+	ready atomic.Pointer[func() bool]
+	// keepalive, when set before Run, drains the process once /keepalive
+	// stopped being called for that long, after it was called once.
+	keepalive time.Duration
+	heartbeat *heartbeat
+	// drain starts a graceful shutdown; nil: SIGTERM to this process, as
+	// zero-cache's heartbeat monitor does.
+	drain func()
 }
 
 // listenHTTP binds port at once, so that the address is known (port 0 picks a
@@ -31,12 +45,24 @@ func listenHTTP(port int, reg prometheus.Gatherer, log *slog.Logger) (*httpServe
 		return nil, fmt.Errorf("listen on port %d: %w", port, err)
 	}
 	mux := http.NewServeMux()
+	h := &httpServer{ln: ln, mux: mux, log: log}
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if ready := h.ready.Load(); ready != nil && !(*ready)() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("Not ready: no replica yet"))
+			return
+		}
+		_, _ = w.Write([]byte("OK"))
+	})
+	mux.HandleFunc("GET /keepalive", func(w http.ResponseWriter, r *http.Request) {
+		if hb := h.heartbeat; hb != nil {
+			hb.beat(r)
+		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("OK"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError}))
-	h := &httpServer{ln: ln, mux: mux, log: log}
 	log.Info("http listening", "addr", ln.Addr().String(), "port", h.Port(),
 		"metrics", fmt.Sprintf("http://127.0.0.1:%d/metrics", h.Port()))
 	return h, nil
@@ -44,6 +70,9 @@ func listenHTTP(port int, reg prometheus.Gatherer, log *slog.Logger) (*httpServe
 
 // Port is the bound port.
 func (h *httpServer) Port() int { return h.ln.Addr().(*net.TCPAddr).Port }
+
+// SetReady makes / answer OK only while ready reports true.
+func (h *httpServer) SetReady(ready func() bool) { h.ready.Store(&ready) }
 
 // Handle adds a route.
 func (h *httpServer) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
@@ -54,6 +83,13 @@ func (h *httpServer) Run(ctx context.Context) error {
 		Handler:           h.mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	if h.keepalive > 0 {
+		drain := h.drain
+		if drain == nil {
+			drain = func() { _ = syscall.Kill(os.Getpid(), syscall.SIGTERM) }
+		}
+		h.heartbeat = newHeartbeat(ctx, h.keepalive, h.log, drain)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(h.ln) }()
@@ -71,6 +107,56 @@ func (h *httpServer) Run(ctx context.Context) error {
 		return fmt.Errorf("http serve: %w", err)
 	}
 	return nil
+}
+
+// heartbeat watches the /keepalive calls (zero-cache's
+// ZERO_KEEPALIVE_TIMEOUT_MS, for load balancers such as ECS that signal a
+// deregistered target only by no longer checking it): from the first call
+// on, a gap of timeout drains the process, as SIGTERM does.
+type heartbeat struct {
+	mu      sync.Mutex
+	last    time.Time
+	started bool
+	ctx     context.Context
+	timeout time.Duration
+	log     *slog.Logger
+	drain   func()
+}
+
+func newHeartbeat(ctx context.Context, timeout time.Duration, log *slog.Logger, drain func()) *heartbeat {
+	return &heartbeat{ctx: ctx, timeout: timeout, log: log, drain: drain}
+}
+
+func (hb *heartbeat) beat(r *http.Request) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	hb.last = time.Now()
+	if hb.started {
+		return
+	}
+	hb.started = true
+	hb.log.Info("starting heartbeat monitor", "timeout", hb.timeout, "user_agent", r.UserAgent())
+	go hb.watch()
+}
+
+func (hb *heartbeat) watch() {
+	t := time.NewTicker(hb.timeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-hb.ctx.Done():
+			return
+		case <-t.C:
+		}
+		hb.mu.Lock()
+		since := time.Since(hb.last)
+		hb.mu.Unlock()
+		if since >= hb.timeout {
+			hb.log.Info("no heartbeat at /keepalive; draining", "since", since)
+			hb.drain()
+			return
+		}
+	}
 }
 
 // Close releases the listener of a server that never ran.

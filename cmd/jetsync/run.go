@@ -117,7 +117,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if err != nil {
 		return err
 	}
-	h, err := listenHTTP(c.port, metrics, log)
+	h, err := c.roleFlags.listenHTTP(metrics, log, replicaReady(cons))
 	if err != nil {
 		return err
 	}

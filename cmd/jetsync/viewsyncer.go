@@ -71,7 +71,7 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 	if err != nil {
 		return err
 	}
-	h, err := listenHTTP(c.port, metrics, log)
+	h, err := c.roleFlags.listenHTTP(metrics, log, replicaReady(cons))
 	if err != nil {
 		return err
 	}

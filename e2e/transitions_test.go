@@ -5,13 +5,19 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/streams"
 )
 
 // The transition matrix (issue 12): real clients with a legacy (AST) query
@@ -20,8 +26,8 @@ import (
 // Postgres, none hanging and none told ClientNotFound where zero-cache
 // would not tell it.
 
-// transitionIssues sizes the upstream so that the initial sync takes a
-// window clients can connect in.
+// transitionIssues sizes the upstream; a lock, not its size, holds the
+// initial sync open while clients connect.
 func transitionIssues(t *testing.T) int {
 	if s := os.Getenv("JETSYNC_TRANSITION_ISSUES"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -30,7 +36,7 @@ func transitionIssues(t *testing.T) int {
 		}
 		return n
 	}
-	return 50000
+	return 2000
 }
 
 // labelsSQL is the labelsAll query's rows in Postgres.
@@ -43,8 +49,9 @@ type transitionRig struct {
 	api *apiServer
 	d   *zeroDriver
 	// clients are the names of every client opened, whose views are
-	// checked after each transition.
+	// checked after each transition unless closed.
 	clients []string
+	closed  map[string]bool
 }
 
 // openClients opens one client per query kind, each its own client group
@@ -52,18 +59,38 @@ type transitionRig struct {
 // its labels query.
 func (r *transitionRig) openClients(t *testing.T, server, prefix string) []string {
 	t.Helper()
-	var names []string
-	for _, synced := range []bool{false, true} {
-		name := prefix + "-legacy"
-		if synced {
-			name = prefix + "-synced"
-		}
-		r.d.openWired(t, name, server, "u000001", name)
-		r.d.do(t, map[string]any{"cmd": "query", "client": name, "id": "labels", "shape": "labelsAll", "synced": synced})
-		names = append(names, name)
+	return []string{
+		r.openClient(t, server, prefix+"-legacy", prefix+"-legacy", false),
+		r.openClient(t, server, prefix+"-synced", prefix+"-synced", true),
 	}
-	r.clients = append(r.clients, names...)
-	return names
+}
+
+// openClient opens client name on server, in the client group of
+// storageKey (clients sharing one are tabs of one group), and materializes
+// its labels query, synced or legacy.
+func (r *transitionRig) openClient(t *testing.T, server, name, storageKey string, synced bool) string {
+	t.Helper()
+	r.d.openWired(t, name, server, "u000001", storageKey)
+	r.d.do(t, map[string]any{"cmd": "query", "client": name, "id": "labels", "shape": "labelsAll", "synced": synced})
+	r.clients = append(r.clients, name)
+	return name
+}
+
+// live are the clients opened and not closed since.
+func (r *transitionRig) live() []string {
+	var out []string
+	for _, name := range r.clients {
+		if !r.closed[name] {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func (r *transitionRig) close(t *testing.T, name string) {
+	t.Helper()
+	r.d.do(t, map[string]any{"cmd": "close", "client": name})
+	r.closed[name] = true
 }
 
 // waitViews waits until every named client's labels view is complete and
@@ -147,7 +174,7 @@ func ready(url string) bool {
 func TestTransitions(t *testing.T) {
 	issues := transitionIssues(t)
 	app := newCVRApp(t, issues)
-	r := &transitionRig{app: app, api: startAPIServer(t, app.node, app.upstream), d: startDriver(t, app.node)}
+	r := &transitionRig{app: app, api: startAPIServer(t, app.node, app.upstream), d: startDriver(t, app.node), closed: map[string]bool{}}
 
 	// The initial sync: clients opened before jetsync listens, while it
 	// copies the upstream (the sync endpoint accepts sockets before the
@@ -198,5 +225,142 @@ func TestTransitions(t *testing.T) {
 		r.renameLabel(t, "after the initial sync")
 		r.waitViews(t, all, time.Now(), 30*time.Second)
 		r.checkNoClientNotFound(t, all, mark)
+		// The cluster below replicates the same upstream (and slot) with
+		// its own NATS: this server and its clients stop here.
+		for _, name := range all {
+			r.close(t, name)
+		}
 	})
+
+	if t.Failed() {
+		return
+	}
+
+	// The other transitions run on a cluster: a change-streamer and
+	// view-syncers sharing a nats-server of their own, which can restart.
+	c := newTransitionCluster(t, r)
+	vsA := c.startViewSyncer(t, "vs-a")
+	vsB := c.startViewSyncer(t, "vs-b")
+
+	// The owner of a group changing: clients of two groups (one per query
+	// kind) first served by vs-a, the owner, then through it by vs-b; vs-a
+	// dies, and vs-b takes the groups over once the lease expires.
+	t.Run("OwnerChange", func(t *testing.T) {
+		mark := r.d.mark()
+		var first, all []string
+		groups := map[string]string{}
+		for _, synced := range []bool{false, true} {
+			kind := map[bool]string{false: "legacy", true: "synced"}[synced]
+			key := "owner-" + kind
+			f := r.openClient(t, vsA.url, key+"-first", key, synced)
+			r.waitViews(t, []string{f}, time.Now(), 30*time.Second)
+			groups[kind] = r.d.groups[f]
+			first = append(first, f)
+			all = append(all, r.openClient(t, vsB.url, key+"-before", key, synced))
+		}
+		r.waitViews(t, all, time.Now(), 30*time.Second)
+		for kind, g := range groups {
+			if o := c.cvr.owner(t, g); o.ID != "vs-a" {
+				t.Fatalf("%s group %s owned by %+v; want vs-a", kind, g, o)
+			}
+		}
+		// The clients of the owner go (their socket would retry vs-a).
+		for _, f := range first {
+			r.close(t, f)
+		}
+		vsA.kill(t)
+		for _, synced := range []bool{false, true} {
+			kind := map[bool]string{false: "legacy", true: "synced"}[synced]
+			all = append(all, r.openClient(t, vsB.url, "owner-"+kind+"-during", "owner-"+kind, synced))
+		}
+		for kind, g := range groups {
+			waitFor(t, 60*time.Second, kind+" group's takeover by vs-b", func() bool { return c.cvr.owner(t, g).ID == "vs-b" })
+		}
+		for _, synced := range []bool{false, true} {
+			kind := map[bool]string{false: "legacy", true: "synced"}[synced]
+			all = append(all, r.openClient(t, vsB.url, "owner-"+kind+"-after", "owner-"+kind, synced))
+		}
+		r.renameLabel(t, "after the owner changed")
+		took := r.waitViews(t, r.live(), time.Now(), 60*time.Second)
+		for _, name := range all {
+			t.Logf("%s: equal %v after the write", name, took[name].Round(time.Millisecond))
+		}
+		r.checkNoClientNotFound(t, all, mark)
+	})
+	if t.Failed() {
+		return
+	}
+
+	// A NATS reconnect: the nats-server restarts under vs-b and the
+	// change-streamer, with clients connected before, while it is down and
+	// right after.
+	t.Run("NATSReconnect", func(t *testing.T) {
+		mark := r.d.mark()
+		before := r.openClients(t, vsB.url, "nats-before")
+		r.waitViews(t, before, time.Now(), 30*time.Second)
+		reconnects := countLogs(vsB.p, "nats reconnected")
+		c.ns.stop(syscall.SIGKILL)
+		during := r.openClients(t, vsB.url, "nats-during")
+		r.renameLabel(t, "while nats was down")
+		time.Sleep(time.Second)
+		c.ns.start()
+		waitFor(t, time.Minute, "vs-b to reconnect to nats", func() bool { return countLogs(vsB.p, "nats reconnected") > reconnects })
+		after := r.openClients(t, vsB.url, "nats-after")
+		r.renameLabel(t, "after nats came back")
+		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
+		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+	})
+}
+
+// transitionCluster is a change-streamer and view-syncers with ZERO_QUERY_URL
+// set, on a nats-server child process.
+type transitionCluster struct {
+	r    *transitionRig
+	ns   *natsServer
+	cvr  *cvrCluster // for its owner lookup
+	root string
+	cs   *proc
+}
+
+func newTransitionCluster(t *testing.T, r *transitionRig) *transitionCluster {
+	t.Helper()
+	ns := startNATSServer(t)
+	nc, err := nats.Connect(ns.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &transitionCluster{r: r, ns: ns, root: t.TempDir(), cvr: &cvrCluster{app: r.app, js: js, shard: streams.Shard{App: zeroAppID}}}
+	c.cs = start(t, append(c.common(), "JETSYNC_DATA_DIR="+filepath.Join(c.root, "cs"), "ZERO_UPSTREAM_DB="+r.app.upstream,
+		"ZERO_APP_PUBLICATIONS="+zeroPublication, "ZERO_PORT=0"), "change-streamer")
+	c.cs.logRecord(t, "http listening", 30*time.Second)
+	return c
+}
+
+func (c *transitionCluster) common() []string {
+	return []string{"JETSYNC_NATS_URL=" + c.ns.url, "ZERO_APP_ID=" + zeroAppID, "ZERO_LOG_FORMAT=json"}
+}
+
+// startViewSyncer starts view-syncer id on a port of its own, with a short
+// lease and the API server for synced queries, and waits until it is ready.
+func (c *transitionCluster) startViewSyncer(t *testing.T, id string, extra ...string) *viewSyncer {
+	t.Helper()
+	port := freePort(t)
+	vs := &viewSyncer{id: id, url: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	vs.env = append(c.common(),
+		"JETSYNC_DATA_DIR="+filepath.Join(c.root, id),
+		"ZERO_TASK_ID="+id,
+		"ZERO_PORT="+strconv.Itoa(port),
+		"JETSYNC_ADVERTISE_ADDRESS="+fmt.Sprintf("ws://127.0.0.1:%d", port),
+		"JETSYNC_CVR_LEASE_TTL=2s",
+		"ZERO_AUTH_SECRET="+zeroSecret,
+		"ZERO_QUERY_URL="+c.r.api.url+"/query",
+	)
+	vs.env = append(vs.env, extra...)
+	vs.restart(t)
+	return vs
 }

@@ -281,7 +281,7 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 		return fmt.Errorf("%w: %w", ErrBroken, g.err)
 	}
 	if g.lease != nil {
-		if err := g.lease.check(); err != nil {
+		if err := g.lease.holds(ctx); err != nil {
 			g.err = err
 			return err
 		}

@@ -75,6 +75,24 @@ func (l *Lease) check() error {
 	return nil
 }
 
+// holds is nil if the lease holds, renewing one that expired unnoticed:
+// while NATS was unreachable, or while the record that took it was in
+// flight. A renewal at the lease's revision succeeds only if no peer
+// rewrote the record since, which a takeover does, so nobody else can
+// have served the group in between.
+func (l *Lease) holds(ctx context.Context) error {
+	if l.check() == nil {
+		return nil
+	}
+	if err := l.Err(); err != nil {
+		return err
+	}
+	if err := l.Renew(ctx); err != nil {
+		return err
+	}
+	return l.check()
+}
+
 // end ends the lease with err; it reports whether this call ended it.
 func (l *Lease) end(err error) bool {
 	l.mu.Lock()
@@ -206,6 +224,14 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	now := time.Now()
 	rev, err = l.s.kv.Update(ctx, l.key, l.record(now), rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		// A renewal whose answer was lost (it timed out while NATS was
+		// unreachable, and went out after the reconnect) moved the record
+		// on: it still names this lease.
+		if cur, ok := l.ownRecord(ctx); ok {
+			rev, err = l.s.kv.Update(ctx, l.key, l.record(now), cur)
+		}
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound) {
 			err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
@@ -225,6 +251,21 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	l.rev, l.expires = rev, now.Add(l.s.cfg.LeaseTTL)
 	return nil
+}
+
+// ownRecord reads the lease's record and returns its revision if it is
+// still this lease's: written by this OwnerID for this grant, which only
+// this lease's own renewals write.
+func (l *Lease) ownRecord(ctx context.Context) (uint64, bool) {
+	e, err := l.s.kv.Get(ctx, l.key)
+	if err != nil {
+		return 0, false
+	}
+	var cur streams.CVROwner
+	if json.Unmarshal(e.Value(), &cur) != nil || cur.ID != l.s.cfg.OwnerID || cur.GrantedMs != l.granted {
+		return 0, false
+	}
+	return e.Revision(), true
 }
 
 // Release gives the lease up, deleting its record if it is still this

@@ -385,6 +385,59 @@ func TestStore_Leases(t *testing.T) {
 		}
 	})
 
+	t.Run("ExpiredUntakenPublishes", func(t *testing.T) {
+		// A lease that expired while nobody took the group (NATS was
+		// unreachable) is renewed by the next publish, not lost.
+		const g = "cg-expired"
+		la, err := a.Acquire(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ga, err := a.Load(ctx, g, la)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond)
+		if la.check() == nil {
+			t.Fatal("lease not expired after its TTL")
+		}
+		v, evs := newHistory(5).next(1)
+		if err := ga.Publish(ctx, v, evs); err != nil {
+			t.Fatalf("Publish under an expired, untaken lease: %v", err)
+		}
+		var owned *OwnedError
+		if _, err := b.Acquire(ctx, g); !errors.As(err, &owned) || owned.Owner.ID != "a" {
+			t.Errorf("Acquire by b after the renewing publish = %v; want OwnedError naming a", err)
+		}
+		if err := a.Release(ctx, la); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("RenewAfterLostAnswer", func(t *testing.T) {
+		// A renewal applied but unanswered (NATS went away meanwhile)
+		// moved the record on; the next renewal finds it still its own.
+		const g = "cg-lost-answer"
+		lb, err := b.Acquire(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.kv.Put(ctx, lb.key, lb.record(time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if err := lb.Renew(ctx); err != nil {
+			t.Fatalf("Renew after an unanswered renewal = %v; want nil", err)
+		}
+		// A record of another grant is a takeover: lost.
+		other := &Lease{s: b, groupID: g, key: lb.key, granted: lb.granted - 1}
+		if _, err := b.kv.Put(ctx, lb.key, other.record(time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if err := lb.Renew(ctx); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("Renew after another grant's record = %v; want ErrLeaseLost", err)
+		}
+	})
+
 	t.Run("ExpireTakeoverLost", func(t *testing.T) {
 		la, err := a.Acquire(ctx, group)
 		if err != nil {

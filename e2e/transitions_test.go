@@ -161,6 +161,35 @@ func (r *transitionRig) renameLabel(t *testing.T, name string) {
 	r.app.exec(t, `UPDATE label SET name = $1 WHERE id = 'l01'`, name)
 }
 
+// lockLabels holds an exclusive lock on label, which stops an initial
+// sync's copy, until the returned release.
+func (r *transitionRig) lockLabels(t *testing.T) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, r.app.upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE label IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	release = func() {
+		if conn.IsClosed() {
+			return
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Error(err)
+		}
+		conn.Close(ctx)
+	}
+	t.Cleanup(release)
+	return release
+}
+
 // ready reports whether the server's health check answers OK.
 func ready(url string) bool {
 	resp, err := http.Get(url + "/")
@@ -182,20 +211,7 @@ func TestTransitions(t *testing.T) {
 	t.Run("InitialSync", func(t *testing.T) {
 		// A lock on label holds the initial sync's copy, so that the
 		// "during" clients surely connect before the replica exists.
-		lock, err := pgx.Connect(context.Background(), app.upstream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer lock.Close(context.Background())
-		hold, err := lock.Begin(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer hold.Rollback(context.Background())
-		if _, err := hold.Exec(context.Background(), `LOCK TABLE label IN ACCESS EXCLUSIVE MODE`); err != nil {
-			t.Fatal(err)
-		}
-
+		release := r.lockLabels(t)
 		port := freePort(t)
 		url := fmt.Sprintf("http://127.0.0.1:%d", port)
 		mark := r.d.mark()
@@ -211,9 +227,7 @@ func TestTransitions(t *testing.T) {
 		if ready(url) {
 			t.Errorf("GET / answered OK before the replica existed")
 		}
-		if err := hold.Commit(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		release()
 		waitHealthy(t, p, url, 3*time.Minute)
 		readyAt := time.Now()
 		after := r.openClients(t, url, "initial-after")
@@ -307,6 +321,39 @@ func TestTransitions(t *testing.T) {
 		waitFor(t, time.Minute, "vs-b to reconnect to nats", func() bool { return countLogs(vsB.p, "nats reconnected") > reconnects })
 		after := r.openClients(t, vsB.url, "nats-after")
 		r.renameLabel(t, "after nats came back")
+		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
+		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+	})
+	if t.Failed() {
+		return
+	}
+
+	// A resync forced by a schema change: a column name zero-cache
+	// rejects makes the change-streamer start a new initial sync, held by
+	// the lock on label while the "during" clients connect; vs-b then
+	// rebuilds its replica under a new replica version. zero-cache keeps
+	// its clients across a newer replica (ClientNotFound is for an older
+	// one): they re-hydrate.
+	t.Run("Resync", func(t *testing.T) {
+		mark := r.d.mark()
+		before := r.openClients(t, vsB.url, "resync-before")
+		r.waitViews(t, before, time.Now(), 30*time.Second)
+		syncs := countLogs(vsB.p, "initial sync applied")
+		release := r.lockLabels(t)
+		r.app.exec(t, `ALTER TABLE comment ADD COLUMN "bad name" text`)
+		during := r.openClients(t, vsB.url, "resync-during")
+		for _, name := range during {
+			r.d.waitState(t, name, "connected", 30*time.Second)
+		}
+		if countLogs(vsB.p, "initial sync applied") > syncs {
+			t.Errorf("vs-b's replica was rebuilt while the lock held the resync's copy")
+		}
+		release()
+		released := time.Now()
+		waitFor(t, 2*time.Minute, "vs-b's replica to be rebuilt", func() bool { return countLogs(vsB.p, "initial sync applied") > syncs })
+		t.Logf("vs-b's replica rebuilt %v after the copy could run", time.Since(released).Round(time.Millisecond))
+		after := r.openClients(t, vsB.url, "resync-after")
+		r.renameLabel(t, "after the resync")
 		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
 		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
 	})

@@ -281,21 +281,17 @@ func TestDurable_TTLWhileUnloaded(t *testing.T) {
 	}
 }
 
-func TestDurable_ReplicaChanged(t *testing.T) {
-	e := newEnv(t, envOptions{issues: 30, durable: true, groupIdle: 50 * time.Millisecond})
-	c := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("a", issue7, 0))})
-	first := c.hydrated()
-	c.ws.Close()
-	waitUnloaded(t, e, "g")
-
-	// Rewrite the stored CVR as built from another replica.
+// storeReplicaVersion rewrites group g's stored CVR as built from replica
+// version rv.
+func storeReplicaVersion(t *testing.T, e *env, g, rv string) {
+	t.Helper()
 	ctx := context.Background()
 	st := e.sy.store
-	lease, err := st.Acquire(ctx, "g")
+	lease, err := st.Acquire(ctx, g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := st.Load(ctx, "g", lease)
+	w, err := st.Load(ctx, g, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,21 +300,69 @@ func TestDurable_ReplicaChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := s.Instance
-	in.ReplicaVersion = "0old"
+	in.ReplicaVersion = rv
 	if err := w.Publish(ctx, in.Version, []streams.CVREvent{{Op: streams.CVROpInstance, Instance: &in}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Release(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestDurable_ReplicaChanged: a CVR built from a newer replica than this
+// view-syncer's cannot be caught up from it (ClientNotFound, as zero-cache).
+func TestDurable_ReplicaChanged(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 30, durable: true, groupIdle: 50 * time.Millisecond})
+	c := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("a", issue7, 0))})
+	first := c.hydrated()
+	c.ws.Close()
+	waitUnloaded(t, e, "g")
+	storeReplicaVersion(t, e, "g", "zznew")
 
 	c = connect(t, e, dialOpts{group: "g", client: "c1", base: first.cookie, init: initFrame("")})
 	c.expect("connected")
-	c.expectError(kindClientNotFound, "Cannot sync from older replica: CVR=0old, DB="+e.version, closeNormal)
+	c.expectError(kindClientNotFound, "Cannot sync from older replica: CVR=zznew, DB="+e.version, closeNormal)
 	// The group starts over.
 	c = connect(t, e, dialOpts{group: "g", client: "c2", init: initFrame(testSchema, put("a", issue7, 0))})
 	if p := c.hydrated(); countPrefix(p, "row ") != 2 {
 		t.Errorf("fresh hydration = %v; want the issue and its owner", p.patches)
+	}
+}
+
+// TestDurable_NewerReplica: a CVR built from an older replica (the replica
+// was resynced since) keeps its client, as zero-cache's does: the queries
+// re-hydrate from the new replica and the client catches up.
+func TestDurable_NewerReplica(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 30, durable: true, groupIdle: 50 * time.Millisecond})
+	c := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("a", issue7, 0))})
+	first := c.hydrated()
+	c.ws.Close()
+	waitUnloaded(t, e, "g")
+	storeReplicaVersion(t, e, "g", "0old")
+
+	c = connect(t, e, dialOpts{group: "g", client: "c1", base: first.cookie, init: initFrame("")})
+	c.expect("connected")
+	if p := c.poke(); p.base == nil || *p.base != first.cookie {
+		t.Fatalf("catch-up poke %+v; want one from the client's cookie %s", p, first.cookie)
+	}
+	c.ws.Close()
+	waitUnloaded(t, e, "g")
+	// The CVR now names the replica it was caught up from.
+	ctx := context.Background()
+	lease, err := e.sy.store.Acquire(ctx, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := e.sy.store.Load(ctx, "g", lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := w.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Instance.ReplicaVersion != e.version {
+		t.Errorf("stored replica version %q; want %q", st.Instance.ReplicaVersion, e.version)
 	}
 }
 

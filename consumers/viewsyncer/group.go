@@ -383,10 +383,16 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		// The pipelines missed changes before snap.from.
 		changed = nil
 	}
-	g.countReset(snap, changed == nil)
-	if g.cvr.replicaVersion != "" && snap.replicaVersion != g.cvr.replicaVersion {
-		return replicaChanged(g.cvr.replicaVersion, snap.replicaVersion)
+	if rv := g.cvr.replicaVersion; rv != "" && snap.replicaVersion != rv {
+		if snap.replicaVersion < rv {
+			return replicaChanged(rv, snap.replicaVersion)
+		}
+		// A newer replica (a resync): as zero-cache resets its pipelines,
+		// every query re-hydrates, and rows are compared by value, so the
+		// clients keep their state and get what differs.
+		changed = nil
 	}
+	g.countReset(snap, changed == nil)
 	u := g.beginQuery(snap.version)
 	u.compare = changed == nil
 	u.stream = g.newPokeStream(u)
@@ -492,9 +498,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 	if err := g.finishRows(u); err != nil {
 		return err
 	}
-	if g.cvr.replicaVersion == "" {
-		g.cvr.replicaVersion = snap.replicaVersion
-	}
+	g.cvr.replicaVersion = snap.replicaVersion
 	return g.flush(ctx, u)
 }
 
@@ -547,8 +551,8 @@ func (g *group) heldRows() map[string]map[string]struct{} {
 	return held
 }
 
-// replicaChanged is the error for a CVR built from another replica
-// (docs/protocol.md §6.4): its rows cannot be caught up from this one.
+// replicaChanged is the error for a CVR built from a newer replica than
+// this one (docs/protocol.md §6.4): its rows cannot be caught up from it.
 func replicaChanged(cvrVersion, dbVersion string) *protocolError {
 	return newProtocolError(kindClientNotFound, "Cannot sync from older replica: CVR=%s, DB=%s", cvrVersion, dbVersion)
 }

@@ -179,10 +179,11 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	}
 	if snap != nil {
 		defer snap.close()
-		if rv := g.cvr.replicaVersion; rv != "" && snap.replicaVersion != rv {
-			// Rows from another replica cannot be caught up from this one:
-			// the group starts over.
-			g.log.Info("resetting a cvr built from another replica", "cvr_replica", rv, "replica", snap.replicaVersion)
+		if rv := g.cvr.replicaVersion; rv != "" && snap.replicaVersion < rv {
+			// Rows from a newer replica cannot be caught up from this
+			// older one: the group starts over. A newer replica (a
+			// resync) re-hydrates the group instead (syncLocked).
+			g.log.Info("resetting a cvr built from a newer replica", "cvr_replica", rv, "replica", snap.replicaVersion)
 			if err := g.reset(ctx); err != nil {
 				return err
 			}

@@ -328,6 +328,68 @@ func TestTransitions(t *testing.T) {
 		return
 	}
 
+	// A restore from a snapshot: a new view-syncer, whose clients are
+	// opened before it starts, while it restores the change-streamer's
+	// newest snapshot (it listens only after), and once it is ready.
+	var vsC *viewSyncer
+	outer := t // vs-c outlives the subtest that starts it
+	t.Run("Restore", func(t *testing.T) {
+		waitFor(t, 2*time.Minute, "a restorable snapshot", func() bool { return countLogs(c.cs, "a restorable snapshot exists") > 0 })
+		mark := r.d.mark()
+		vsC = c.newViewSyncer(t, "vs-c")
+		before := r.openClients(t, vsC.url, "restore-before")
+		vsC.p = start(outer, vsC.env, "view-syncer")
+		during := r.openClients(t, vsC.url, "restore-during")
+		waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
+		if !hasLog(vsC.p, "snapshot restored; catching up from the change stream") {
+			t.Errorf("vs-c did not restore a snapshot")
+		}
+		after := r.openClients(t, vsC.url, "restore-after")
+		r.renameLabel(t, "after the restore")
+		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
+		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+	})
+	if t.Failed() {
+		return
+	}
+
+	// A rebuild after a corrupt replica file: vs-c stops, its replica's
+	// header is overwritten, and it starts again, drops the file and builds
+	// a new replica; its clients reconnect across it.
+	t.Run("CorruptReplica", func(t *testing.T) {
+		mark := r.d.mark()
+		before := r.openClients(t, vsC.url, "corrupt-before")
+		r.waitViews(t, before, time.Now(), 30*time.Second)
+		if code := vsC.p.stop(t, 30*time.Second); code != 0 {
+			t.Fatalf("vs-c exit code %d after SIGTERM", code)
+		}
+		file := filepath.Join(c.root, "vs-c", "view-syncer-replica.db")
+		f, err := os.OpenFile(file, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte("not a sqlite database, no"), 0); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		vsC.p = start(outer, vsC.env, "view-syncer")
+		during := r.openClients(t, vsC.url, "corrupt-during")
+		waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
+		// With a snapshot to restore, the restore finds the file corrupt
+		// and replaces it; without, the replica moves it aside and is
+		// rebuilt from the stream.
+		if !hasLog(vsC.p, "deleting the local replica") && !hasLog(vsC.p, "replica file is corrupt: moved it aside; starting an empty replica, rebuilt from the change stream") {
+			t.Errorf("vs-c did not find its replica corrupt")
+		}
+		after := r.openClients(t, vsC.url, "corrupt-after")
+		r.renameLabel(t, "after the rebuild")
+		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
+		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+	})
+	if t.Failed() {
+		return
+	}
+
 	// A resync forced by a schema change: a column name zero-cache
 	// rejects makes the change-streamer start a new initial sync, held by
 	// the lock on label while the "during" clients connect; vs-b then
@@ -396,6 +458,14 @@ func (c *transitionCluster) common() []string {
 // lease and the API server for synced queries, and waits until it is ready.
 func (c *transitionCluster) startViewSyncer(t *testing.T, id string, extra ...string) *viewSyncer {
 	t.Helper()
+	vs := c.newViewSyncer(t, id, extra...)
+	vs.restart(t)
+	return vs
+}
+
+// newViewSyncer is startViewSyncer's view-syncer, not started.
+func (c *transitionCluster) newViewSyncer(t *testing.T, id string, extra ...string) *viewSyncer {
+	t.Helper()
 	port := freePort(t)
 	vs := &viewSyncer{id: id, url: fmt.Sprintf("http://127.0.0.1:%d", port)}
 	vs.env = append(c.common(),
@@ -408,6 +478,5 @@ func (c *transitionCluster) startViewSyncer(t *testing.T, id string, extra ...st
 		"ZERO_QUERY_URL="+c.r.api.url+"/query",
 	)
 	vs.env = append(vs.env, extra...)
-	vs.restart(t)
 	return vs
 }

@@ -419,6 +419,45 @@ func TestTransitions(t *testing.T) {
 		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
 		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
 	})
+	if t.Failed() {
+		return
+	}
+
+	// A rebuild after a gap: while vs-c is down the change stream loses
+	// the history its replica needs (purged but for its newest message),
+	// so that it must be rebuilt when it starts again: from the next
+	// snapshot of the current replica version.
+	t.Run("Gap", func(t *testing.T) {
+		mark := r.d.mark()
+		before := r.openClients(t, vsC.url, "gap-before")
+		r.waitViews(t, before, time.Now(), 30*time.Second)
+		if code := vsC.p.stop(t, 30*time.Second); code != 0 {
+			t.Fatalf("vs-c exit code %d after SIGTERM", code)
+		}
+		for i := range 3 {
+			r.renameLabel(t, fmt.Sprintf("during the gap %d", i))
+		}
+		// Through the stream once vs-b's clients see the last one.
+		r.waitViews(t, []string{"nats-before-legacy", "nats-before-synced"}, time.Now(), 30*time.Second)
+		ctx := context.Background()
+		stream, err := c.cvr.js.Stream(ctx, c.cvr.shard.ChangesStream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Purge(ctx, jetstream.WithPurgeKeep(1)); err != nil {
+			t.Fatal(err)
+		}
+		during := r.openClients(t, vsC.url, "gap-during")
+		vsC.p = start(outer, vsC.env, "view-syncer")
+		waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
+		if !hasLog(vsC.p, "deleting the local replica") && !hasLog(vsC.p, "replica missed history; rebuilding it") {
+			t.Errorf("vs-c did not rebuild its replica after the gap")
+		}
+		after := r.openClients(t, vsC.url, "gap-after")
+		r.renameLabel(t, "after the gap")
+		r.waitViews(t, r.live(), time.Now(), 90*time.Second)
+		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+	})
 }
 
 // transitionCluster is a change-streamer and view-syncers with ZERO_QUERY_URL
@@ -445,7 +484,10 @@ func newTransitionCluster(t *testing.T, r *transitionRig) *transitionCluster {
 	}
 	c := &transitionCluster{r: r, ns: ns, root: t.TempDir(), cvr: &cvrCluster{app: r.app, js: js, shard: streams.Shard{App: zeroAppID}}}
 	c.cs = start(t, append(c.common(), "JETSYNC_DATA_DIR="+filepath.Join(c.root, "cs"), "ZERO_UPSTREAM_DB="+r.app.upstream,
-		"ZERO_APP_PUBLICATIONS="+zeroPublication, "ZERO_PORT=0"), "change-streamer")
+		"ZERO_APP_PUBLICATIONS="+zeroPublication, "ZERO_PORT=0",
+		// A snapshot every 6 s: a replica that lost its history restores
+		// the next one (after a resync, the old ones do not fit).
+		"ZERO_LITESTREAM_INCREMENTAL_BACKUP_INTERVAL_MINUTES=0.1"), "change-streamer")
 	c.cs.logRecord(t, "http listening", 30*time.Second)
 	return c
 }

@@ -323,6 +323,16 @@ func TestTransitions(t *testing.T) {
 		r.renameLabel(t, "after nats came back")
 		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
 		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+		// Nobody could take vs-b's groups over while NATS was away: it
+		// keeps them, and their clients are not sent away.
+		if n := countLogs(vsB.p, "cvr lease lost"); n > 0 {
+			t.Errorf("vs-b lost %d cvr leases across the NATS restart", n)
+		}
+		for _, name := range before {
+			if kinds := r.d.wire(t, name, mark).errorKinds(); len(kinds) > 0 {
+				t.Errorf("client %s got %v across the NATS restart", name, kinds)
+			}
+		}
 	})
 	if t.Failed() {
 		return

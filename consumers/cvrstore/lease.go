@@ -213,8 +213,9 @@ func (s *Store) lost(l *Lease, err error) {
 }
 
 // Renew extends the lease by LeaseTTL. A record rewritten or deleted by
-// someone else ends the lease (ErrLeaseLost), and so does a failure to
-// renew before it expires; other failures leave it to be retried.
+// someone else ends the lease (ErrLeaseLost); other failures leave it to
+// be retried, even once it expired: a peer that took the group over
+// meanwhile rewrote the record, which the next renewal finds.
 func (l *Lease) Renew(ctx context.Context) error {
 	l.mu.Lock()
 	rev, err := l.rev, l.err
@@ -238,10 +239,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 			l.s.lost(l, err)
 			return err
 		}
-		if err := l.check(); err != nil {
-			l.s.lost(l, err)
-			return err
-		}
+		// Unreachable, not refused: the lease stands until a renewal
+		// finds the record rewritten, even past its expiry, since nothing
+		// is published under it meanwhile (a publish renews it first).
 		return fmt.Errorf("renew lease of %q: %w", l.groupID, err)
 	}
 	l.mu.Lock()

@@ -414,6 +414,31 @@ func TestStore_Leases(t *testing.T) {
 		}
 	})
 
+	t.Run("UnreachableKeepsLease", func(t *testing.T) {
+		// Renewals that fail to reach NATS past the lease's expiry do not
+		// end it; the next one that reaches it does renew it.
+		const g = "cg-unreachable"
+		lb, err := b.Acquire(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond)
+		down, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := lb.Renew(down); err == nil || errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Renew without NATS = %v; want a transient error", err)
+		}
+		if err := lb.Err(); err != nil {
+			t.Fatalf("lease ended by an unreachable renewal: %v", err)
+		}
+		if err := lb.Renew(ctx); err != nil {
+			t.Fatalf("Renew once reachable = %v", err)
+		}
+		if err := b.Release(ctx, lb); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("RenewAfterLostAnswer", func(t *testing.T) {
 		// A renewal applied but unanswered (NATS went away meanwhile)
 		// moved the record on; the next renewal finds it still its own.

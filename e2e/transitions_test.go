@@ -190,16 +190,6 @@ func (r *transitionRig) lockLabels(t *testing.T) (release func()) {
 	return release
 }
 
-// ready reports whether the server's health check answers OK.
-func ready(url string) bool {
-	resp, err := http.Get(url + "/")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
 func TestTransitions(t *testing.T) {
 	issues := transitionIssues(t)
 	app := newCVRApp(t, issues)
@@ -224,8 +214,11 @@ func TestTransitions(t *testing.T) {
 		}
 		// Every client has sent its queries: the replica is still empty.
 		time.Sleep(time.Second)
-		if ready(url) {
-			t.Errorf("GET / answered OK before the replica existed")
+		if body, code := get(t, url+"/"); code != http.StatusServiceUnavailable {
+			t.Errorf("GET / before the replica existed = %d %q; want 503", code, body)
+		}
+		if body, code := get(t, url+"/keepalive"); code != http.StatusOK || body != "OK" {
+			t.Errorf("GET /keepalive = %d %q; want 200 OK", code, body)
 		}
 		release()
 		waitHealthy(t, p, url, 3*time.Minute)

@@ -6,7 +6,9 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/jetsync ./cmd/jetsync
+# jetsync --version's revision: docker build --build-arg REVISION=$(git rev-parse HEAD)
+ARG REVISION=
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.buildRevision=${REVISION}" -o /out/jetsync ./cmd/jetsync
 
 FROM alpine:3.22
 RUN adduser -D -H -u 10001 jetsync && mkdir /data && chown jetsync /data

@@ -26,8 +26,12 @@ export CGO_ENABLED ?= 0
 
 all: build
 
+# The revision is stamped by hand too: the go command's own VCS stamp is
+# missing where GOFLAGS has -buildvcs=false or git can't read the checkout.
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +dirty)
+
 build:
-	$(GO) build -o $(BIN) ./cmd/jetsync
+	$(GO) build -ldflags "-X main.buildRevision=$(REVISION)" -o $(BIN) ./cmd/jetsync
 
 run: pg-deps build
 	./$(BIN) run

@@ -34,6 +34,7 @@ func commands() []command {
 		{"replay", "print history, or build a replica as of a point (--into)", cmdReplay},
 		{"backup", "backup now: ask the change-streamer for a snapshot", cmdBackup},
 		{"proxy", "a TCP round-robin proxy in front of view-syncers, for dev and demos", cmdProxy},
+		{"version", "print the version, revision, Go version and sync protocol versions", cmdVersion},
 	}
 }
 
@@ -60,6 +61,8 @@ func mainExit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		printMainUsage(stdout)
 		return 0
+	case "-version", "--version":
+		return mainExit(ctx, append([]string{"version"}, args[1:]...), stdout, stderr)
 	}
 	for _, c := range commands() {
 		if c.name != name {

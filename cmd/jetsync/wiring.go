@@ -228,6 +228,7 @@ func (r *roleFlags) start(ctx context.Context, stderr io.Writer) (role, context.
 		return rl, nil, nil, err
 	}
 	rl.log = log.With("task_id", rl.id)
+	rl.log.Info("jetsync starting", readVersion().attrs()...)
 	rl.metrics = newMetricSet()
 	ctx, stop := notifyContext(ctx, rl.log)
 	return rl, ctx, stop, nil

@@ -294,9 +294,9 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(c.natsURL, nats.Name("jetsync backup now"))
+	nc, err := c.dial("jetsync backup now", log, false)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redact(c.natsURL), err)
+		return err
 	}
 	defer nc.Close()
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)

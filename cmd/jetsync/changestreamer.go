@@ -78,7 +78,7 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	defer h.Close()
-	log.Info("change-streamer running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream())
+	log.Info("change-streamer running", "nats", c.displayURL(), "replica", file, "stream", shard.ChangesStream())
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
 		backed,

@@ -108,13 +108,12 @@ func (u *upstreamFlags) publicationList() []string {
 
 // natsFlags are the settings of the roles that attach to an external server.
 type natsFlags struct {
-	natsURL    string
+	natsConn
 	monitorURL string
 }
 
 func (n *natsFlags) register(fs *flag.FlagSet, e *env) {
-	n.natsURL = e.str("JETSYNC_NATS_URL", DefaultNATSURL)
-	fs.Var(secret{&n.natsURL}, "nats-url", "NATS server `URL` [JETSYNC_NATS_URL]")
+	n.natsConn.register(fs, e)
 	fs.StringVar(&n.monitorURL, "nats-monitor-url", e.str("JETSYNC_NATS_MONITOR_URL", ""), "the NATS server's monitoring endpoint `URL` (like http://127.0.0.1:8222), to check that it fsyncs every write [JETSYNC_NATS_MONITOR_URL]")
 }
 

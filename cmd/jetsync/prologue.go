@@ -40,7 +40,7 @@ func startRole(ctx context.Context, fs *flag.FlagSet, e *env, summary string, ar
 // policy, and opens JetStream. Call closeNATS when done: it drains the
 // connection.
 func (n *natsFlags) connect(ctx context.Context, name string, log *slog.Logger) (js jetstream.JetStream, closeNATS func(), err error) {
-	nc, err := connectNATS(n.natsURL, name, log)
+	nc, err := n.dial(name, log, true)
 	if err != nil {
 		return nil, nil, err
 	}

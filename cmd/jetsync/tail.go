@@ -23,14 +23,14 @@ transactions spanning tables end); --json prints JSON lines.`
 // holding the change stream, and the stream.
 type streamClient struct {
 	common
-	natsURL string
-	table   string
-	json    bool
+	natsConn
+	table string
+	json  bool
 }
 
 func (c *streamClient) register(fs *flag.FlagSet, e *env) {
 	c.common.register(fs, e)
-	fs.StringVar(&c.natsURL, "nats-url", e.str("JETSYNC_NATS_URL", DefaultNATSURL), "NATS server URL [JETSYNC_NATS_URL]")
+	c.natsConn.register(fs, e)
 	fs.StringVar(&c.table, "table", "", "only this table: schema.table, or table for public.table")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object per line")
 }
@@ -100,7 +100,7 @@ func (c *streamClient) connect(stderr io.Writer, name string) (*streamSession, e
 	if s.subjects, err = c.subjects(s.shard); err != nil {
 		return nil, err
 	}
-	if s.nc, err = connectNATS(c.natsURL, name, s.log); err != nil {
+	if s.nc, err = c.dial(name, s.log, true); err != nil {
 		return nil, err
 	}
 	if s.js, err = jetstream.New(s.nc); err != nil {
@@ -130,7 +130,7 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer it.Stop()
-	log.Info("tailing", "stream", shard.ChangesStream(), "subjects", s.subjects, "nats", redact(c.natsURL))
+	log.Info("tailing", "stream", shard.ChangesStream(), "subjects", s.subjects, "nats", c.displayURL())
 	p := newPrinter(stdout, c.json)
 	p.log = log
 	return follow(ctx, it, func(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {

@@ -86,6 +86,6 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 		// The sync server stops before the replica it reads.
 		stages = append([][]component{{{"sync", srv.Run}}}, stages...)
 	}
-	log.Info(r.name+" running", "nats", redact(c.natsURL), "replica", file, "stream", shard.ChangesStream(), "port", h.Port())
+	log.Info(r.name+" running", "nats", c.displayURL(), "replica", file, "stream", shard.ChangesStream(), "port", h.Port())
 	return runStages(ctx, log, stages...)
 }

@@ -89,28 +89,6 @@ func taskID(dataDir, given string) (string, error) {
 	return id, nil
 }
 
-// connectNATS connects to an external server, retrying the first connection
-// too, since the server may start after jetsync.
-func connectNATS(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
-		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("nats reconnected", "url", redact(nc.ConnectedUrl()))
-		}),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", redact(url), err)
-	}
-	return nc, nil
-}
-
 // drain flushes what nc still has to send and acks to receive, and closes it.
 func drain(nc *nats.Conn, log *slog.Logger) {
 	if nc == nil || nc.IsClosed() {

@@ -16,6 +16,7 @@ import (
 // TestClusterConf checks what docker-compose's nodes run with: the shared
 // settings of cluster.conf reach every node through its include.
 func TestClusterConf(t *testing.T) {
+	setClusterPasswords(t)
 	for i := 1; i <= natstest.ClusterSize; i++ {
 		t.Run(fmt.Sprintf("node%d", i), func(t *testing.T) {
 			o := &server.Options{}
@@ -33,6 +34,9 @@ func TestClusterConf(t *testing.T) {
 			}
 			if o.Cluster.Name != "jetsync" || o.Cluster.Port != 6222 || len(o.Routes) != 3 {
 				t.Errorf("cluster %q port %d with %d routes; want jetsync, 6222, 3", o.Cluster.Name, o.Cluster.Port, len(o.Routes))
+			}
+			if len(o.Users) != 4 || o.SystemAccount != "SYS" {
+				t.Errorf("%d users, system account %q; want auth.conf's 4 and SYS", len(o.Users), o.SystemAccount)
 			}
 			if o.Port != 4222 || o.HTTPPort != 8222 {
 				t.Errorf("client port %d, monitoring port %d; want 4222, 8222", o.Port, o.HTTPPort)

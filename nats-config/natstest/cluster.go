@@ -91,9 +91,24 @@ func StartCluster(t testing.TB, opts ...Option) *Cluster {
 		clusterPorts[i] = FreePort(t)
 		routes = append(routes, &url.URL{Scheme: "nats-route", Host: "127.0.0.1:" + strconv.Itoa(clusterPorts[i])})
 	}
+	// The nodes' shared settings without auth.conf's users: the in-process
+	// cluster tests replication, and its clients connect as anyone.
+	confDir := t.TempDir()
+	shared, err := os.ReadFile(filepath.Join(ClusterConfDir(), "cluster.conf"))
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "cluster.conf"), shared, 0o600); err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
 	for i := range ClusterSize {
+		conf := filepath.Join(confDir, fmt.Sprintf("node%d.conf", i+1))
+		body := fmt.Sprintf("server_name: nats%d\ninclude ./cluster.conf\n", i+1)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatalf("natstest: %v", err)
+		}
 		o := &server.Options{}
-		if err := o.ProcessConfigFile(filepath.Join(ClusterConfDir(), fmt.Sprintf("node%d.conf", i+1))); err != nil {
+		if err := o.ProcessConfigFile(conf); err != nil {
 			t.Fatalf("natstest: %v", err)
 		}
 		o.Host, o.Port = "127.0.0.1", FreePort(t)

@@ -54,6 +54,17 @@ const (
 	topoAuthSecret = "jetsync-dev-secret-change-me-0123456789"
 )
 
+// topoNATSPasswords are the passwords of nats-config/cluster/auth.conf's
+// users, which the nats servers read from their environment, as in
+// docker-compose.yml. The roles connect as their own user; the test as
+// admin.
+var topoNATSPasswords = map[string]string{
+	"NATS_CHANGE_STREAMER_PASSWORD": "jetsync-dev-nats-change-streamer-change-me",
+	"NATS_VIEW_SYNCER_PASSWORD":     "jetsync-dev-nats-view-syncer-change-me",
+	"NATS_ADMIN_PASSWORD":           "jetsync-dev-nats-admin-change-me",
+	"NATS_SYS_PASSWORD":             "jetsync-dev-nats-sys-change-me",
+}
+
 // topologyServices is the topology both worlds run, in start order.
 func topologyServices() []topoService {
 	natsURL := "nats://{addr:nats1:4222},nats://{addr:nats2:4222},nats://{addr:nats3:4222}"
@@ -63,16 +74,17 @@ func topologyServices() []topoService {
 			name: fmt.Sprintf("nats%d", i), image: "nats",
 			command: []string{"nats-server", "-c", fmt.Sprintf("{conf}/node%d.conf", i), "-sd", "{data}"},
 			listens: []int{4222, 6222, 8222},
-		}
-		if i == 1 {
-			// The nats CLI and `jetsync tail` attach from the host.
-			s.publish = []int{4222, 8222}
+			env:     maps.Clone(topoNATSPasswords),
+			// No port published: NATS is jetsync's inside. The nats CLI and
+			// `jetsync tail` attach from a container on the network (README).
 		}
 		svcs = append(svcs, s)
 	}
-	roleEnv := func(name string, extra map[string]string) map[string]string {
+	roleEnv := func(name, user string, extra map[string]string) map[string]string {
 		env := map[string]string{
 			"JETSYNC_NATS_URL":         natsURL,
+			"JETSYNC_NATS_USER":        user,
+			"JETSYNC_NATS_PASSWORD":    topoNATSPasswords["NATS_"+strings.ToUpper(strings.ReplaceAll(user, "-", "_"))+"_PASSWORD"],
 			"JETSYNC_NATS_MONITOR_URL": "http://{addr:nats1:8222}",
 			"JETSYNC_STREAM_REPLICAS":  "3",
 			"JETSYNC_DATA_DIR":         "{data}",
@@ -84,7 +96,7 @@ func topologyServices() []topoService {
 	}
 	svcs = append(svcs, topoService{
 		name: "change-streamer", image: "jetsync", command: []string{"change-streamer"},
-		env: roleEnv("change-streamer", map[string]string{
+		env: roleEnv("change-streamer", "change-streamer", map[string]string{
 			"ZERO_UPSTREAM_DB": "{upstream}",
 			"ZERO_PORT":        "{port:change-streamer:4849}",
 		}),
@@ -94,7 +106,7 @@ func topologyServices() []topoService {
 	for _, vs := range []string{"view-syncer-1", "view-syncer-2"} {
 		svcs = append(svcs, topoService{
 			name: vs, image: "jetsync", command: []string{"view-syncer"},
-			env: roleEnv(vs, map[string]string{
+			env: roleEnv(vs, "view-syncer", map[string]string{
 				"ZERO_PORT":                 "{port:" + vs + ":4848}",
 				"JETSYNC_ADVERTISE_ADDRESS": "ws://{addr:" + vs + ":4848}",
 				"JETSYNC_CVR_LEASE_TTL":     "5s",
@@ -255,7 +267,12 @@ func (tp *topology) natsArgs(s topoService) []string {
 
 func (tp *topology) startNATS(s topoService) {
 	tp.t.Helper()
-	p := startProc(tp.t, s.name, exec.Command(natsServerBin(tp.t), tp.natsArgs(s)...))
+	cmd := exec.Command(natsServerBin(tp.t), tp.natsArgs(s)...)
+	cmd.Env = baseEnv()
+	for k, v := range tp.r.env(tp.t, s) {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	p := startProc(tp.t, s.name, cmd)
 	tp.procs[s.name] = p
 	waitFor(tp.t, 30*time.Second, s.name+" ready", func() bool {
 		if p.exited() {
@@ -278,7 +295,8 @@ func (tp *topology) waitJetStream() {
 		for i := 1; i <= 3; i++ {
 			urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", tp.port(fmt.Sprintf("nats%d", i), 4222)))
 		}
-		nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+		nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+			nats.UserInfo("admin", topoNATSPasswords["NATS_ADMIN_PASSWORD"]))
 		if err != nil {
 			tp.t.Fatal(err)
 		}

@@ -184,7 +184,7 @@ func measure(ctx context.Context, o options, tp topology, dir, url string, pool 
 	if err != nil {
 		return r, err
 	}
-	nc, err := nats.Connect(strings.Join(natsURLs, ","), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(strings.Join(natsURLs, ","), nats.MaxReconnects(-1), nats.UserInfo("admin", natsPasswords["NATS_ADMIN_PASSWORD"]))
 	if err != nil {
 		return r, err
 	}
@@ -208,13 +208,13 @@ func measure(ctx context.Context, o options, tp topology, dir, url string, pool 
 	}
 	t0 := time.Now()
 	cs, err := startJetsync(ctx, o.bin, filepath.Join(dir, "change-streamer"), "change-streamer",
-		append(env, "ZERO_UPSTREAM_DB="+url, "ZERO_TASK_ID=change-streamer"))
+		append(append(env, natsUser("change-streamer", "NATS_CHANGE_STREAMER_PASSWORD")...), "ZERO_UPSTREAM_DB="+url, "ZERO_TASK_ID=change-streamer"))
 	if err != nil {
 		return r, err
 	}
 	procs = append(procs, cs)
 	vs, err := startJetsync(ctx, o.bin, filepath.Join(dir, "view-syncer"), "view-syncer",
-		append(env, "ZERO_TASK_ID=view-syncer"))
+		append(append(env, natsUser("view-syncer", "NATS_VIEW_SYNCER_PASSWORD")...), "ZERO_TASK_ID=view-syncer"))
 	if err != nil {
 		return r, err
 	}

@@ -34,6 +34,21 @@ func startJetsync(ctx context.Context, bin, dir, role string, env []string) (*be
 	return p, nil
 }
 
+// natsPasswords are those of nats-config/cluster/auth.conf's users, which
+// the cluster's nodes read from their environment.
+var natsPasswords = map[string]string{
+	"NATS_CHANGE_STREAMER_PASSWORD": "bench-change-streamer",
+	"NATS_VIEW_SYNCER_PASSWORD":     "bench-view-syncer",
+	"NATS_ADMIN_PASSWORD":           "bench-admin",
+	"NATS_SYS_PASSWORD":             "bench-sys",
+}
+
+// natsUser is the settings that connect a role as its auth.conf user (a
+// single node has no users and takes any).
+func natsUser(user, passwordVar string) []string {
+	return []string{"JETSYNC_NATS_USER=" + user, "JETSYNC_NATS_PASSWORD=" + natsPasswords[passwordVar]}
+}
+
 // startNATS runs n nats-servers: one with nats-config/server.conf's
 // settings, or the nodes of nats-config/cluster, on free 127.0.0.1 ports. It appends them to
 // procs and returns their client URLs.
@@ -76,7 +91,12 @@ func startNATS(ctx context.Context, bin string, n int, dir string, procs *[]*ben
 		if n > 1 {
 			args = append(args, "--cluster", routes[i], "--routes", strings.Join(routes, ","))
 		}
-		pr, err := benchenv.StartProc(name, exec.Command(bin, args...), dir)
+		cmd := exec.Command(bin, args...)
+		cmd.Env = os.Environ()
+		for k, v := range natsPasswords {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		pr, err := benchenv.StartProc(name, cmd, dir)
 		if err != nil {
 			return nil, err
 		}

@@ -112,10 +112,11 @@ func printUsage(w io.Writer, fs *flag.FlagSet, summary string) {
 
 var (
 	dsnPasswordRe = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|[^\s&]+)`)
-	urlRe         = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"']+`)
+	urlRe         = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"',]+`)
 )
 
-// redact hides passwords in URLs (postgres://u:pw@h, nats://u:pw@h) and in
+// redact hides passwords in URLs (postgres://u:pw@h, nats://u:pw@h), NATS
+// tokens in URLs (nats://token@h) and passwords in
 // key=value connection strings, anywhere in s.
 func redact(s string) string {
 	if !strings.Contains(s, "://") && !strings.Contains(strings.ToLower(s), "password") {
@@ -127,6 +128,12 @@ func redact(s string) string {
 			return raw
 		}
 		if _, ok := u.User.Password(); !ok {
+			// nats://TOKEN@host: a NATS URL's lone user part is its token.
+			switch u.Scheme {
+			case "nats", "tls", "ws", "wss":
+				u.User = url.User("xxxxx")
+				return u.String()
+			}
 			return raw
 		}
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")

@@ -22,6 +22,8 @@ func TestRedact(t *testing.T) {
 		{"NoSecret", "postgres://user@host:5432/db", "postgres://user@host:5432/db"},
 		{"URLPassword", "postgres://user:s3cret@host:5432/db?sslmode=disable", "postgres://user:xxxxx@host:5432/db?sslmode=disable"},
 		{"NATSPassword", "dial nats://a:b@127.0.0.1:4222: refused", "dial nats://a:xxxxx@127.0.0.1:4222: refused"},
+		{"NATSPasswords", "nats://a:b@h1:4222,nats://a:b@h2:4222", "nats://a:xxxxx@h1:4222,nats://a:xxxxx@h2:4222"},
+		{"NATSToken", "nats://t0ken@127.0.0.1:4222,tls://t0ken@h:4222", "nats://xxxxx@127.0.0.1:4222,tls://xxxxx@h:4222"},
 		{"QueryPassword", "postgres://u@h/db?password=pw&sslmode=disable", "postgres://u@h/db?password=xxxxx&sslmode=disable"},
 		{"KeyValue", "host=h user=u password=pw dbname=d", "host=h user=u password=xxxxx dbname=d"},
 		{"KeyValueQuoted", "host=h password='p w' dbname=d", "host=h password=xxxxx dbname=d"},

@@ -359,9 +359,15 @@ func seedBench(t *testing.T, pgbin, url string, issues int) {
 // zero-deploy-permissions.
 func deployPermissions(t *testing.T, node, url, schemaPath string) {
 	t.Helper()
+	deployAppPermissions(t, node, url, zeroAppID, schemaPath)
+}
+
+// deployAppPermissions is deployPermissions for another app ID.
+func deployAppPermissions(t *testing.T, node, url, appID, schemaPath string) {
+	t.Helper()
 	cmd := exec.Command(node, npmBin(t, "zero-deploy-permissions"), "--schema-path", schemaPath)
 	cmd.Dir = "client"
-	cmd.Env = append(baseEnv(), "ZERO_UPSTREAM_DB="+url, "ZERO_APP_ID="+zeroAppID, "ZERO_LOG_LEVEL=warn")
+	cmd.Env = append(baseEnv(), "ZERO_UPSTREAM_DB="+url, "ZERO_APP_ID="+appID, "ZERO_LOG_LEVEL=warn")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("zero-deploy-permissions: %v\n%s", err, out)
 	}
@@ -371,13 +377,20 @@ func deployPermissions(t *testing.T, node, url, schemaPath string) {
 // the transcripts were captured, minus the query and mutate URLs.
 func startZeroCache(t *testing.T, upstream string) *syncServer {
 	t.Helper()
+	return startZeroCacheApp(t, upstream, zeroAppID)
+}
+
+// startZeroCacheApp is startZeroCache for another app ID, whose slot and
+// schemas let it replicate an upstream beside a jetsync of zeroAppID.
+func startZeroCacheApp(t *testing.T, upstream, appID string) *syncServer {
+	t.Helper()
 	node := nodeBin(t)
 	port := freePort(t)
 	cmd := exec.Command(node, npmBin(t, "zero-cache"))
 	cmd.Env = append(baseEnv(),
 		"ZERO_UPSTREAM_DB="+upstream,
 		"ZERO_REPLICA_FILE="+filepath.Join(t.TempDir(), "replica.db"),
-		"ZERO_APP_ID="+zeroAppID,
+		"ZERO_APP_ID="+appID,
 		"ZERO_APP_PUBLICATIONS="+zeroPublication,
 		"ZERO_AUTH_SECRET="+zeroSecret,
 		"ZERO_PORT="+strconv.Itoa(port),
@@ -503,6 +516,15 @@ type driverEvent struct {
 	// ClientID and ClientGroupID answer "open".
 	ClientID      string `json:"clientID"`
 	ClientGroupID string `json:"clientGroupID"`
+	// Views answers "views".
+	Views map[string]driverView `json:"views"`
+}
+
+// driverView is a view's latest data, as "views" reports it.
+type driverView struct {
+	Rows     json.RawMessage `json:"rows"`
+	Complete bool            `json:"complete"`
+	Error    string          `json:"error"`
 }
 
 // zeroDriver controls client/driver.mjs, which runs Zero clients.
@@ -515,6 +537,9 @@ type zeroDriver struct {
 	mu      sync.Mutex
 	partial []byte
 	events  []driverEvent
+	// replies holds the answers to "views", which can be large and are
+	// asked for often, instead of events.
+	replies map[int]driverEvent
 }
 
 func startDriver(t *testing.T, node string) *zeroDriver {
@@ -557,6 +582,14 @@ func (d *zeroDriver) Write(b []byte) (int, error) {
 		var ev driverEvent
 		if err := json.Unmarshal(d.partial[:i], &ev); err != nil {
 			ev = driverEvent{Event: "unparsed", Error: string(d.partial[:i])}
+		}
+		if ev.Cmd == "views" && ev.Seq != 0 {
+			if d.replies == nil {
+				d.replies = map[int]driverEvent{}
+			}
+			d.replies[ev.Seq] = ev
+			d.partial = d.partial[i+1:]
+			continue
 		}
 		d.events = append(d.events, ev)
 		d.partial = d.partial[i+1:]

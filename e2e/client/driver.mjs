@@ -16,7 +16,14 @@
 //       "related":[{"name":"owner","query":<query without table>}]}
 //      W is ["col","op",value] or ["col",value] | {"and":[W...]} |
 //      {"or":[W...]} | {"not":W} | {"exists":"rel","query":<query>,"flip":true}
+//      op is any of ZQL's: = != < <= > >= IN, NOT IN, IS, IS NOT, LIKE,
+//      NOT LIKE, ILIKE, NOT ILIKE; "flip" (optional) forces the join direction
+//      With "quiet":true the view's changes are kept for "views" instead of
+//      reported as "rows" events, which keeps hundreds of views cheap.
 //   {"cmd":"unquery","client":"a","id":"q1"}      destroys the view
+//   {"cmd":"views","client":"a","ids":["q1"]}  the views' latest data at once
+//      (all views without "ids"): the ack carries
+//      "views":{"q1":{"rows":...,"complete":true},...}
 //   {"cmd":"local","client":"a","table":"issue"}  the table's rows in the client's
 //                                                 store, whichever queries hold them
 //      with "synced":true and a "shape", the query is the synced query
@@ -195,6 +202,11 @@ function materialize(c) {
   const view = z.materialize(query(z, c), opts);
   views.set(c.id, view);
   view.addListener((data, resultType, error) => {
+    if (c.quiet) {
+      // Serialized only when asked for ("views").
+      view.latest = {data, resultType, error};
+      return;
+    }
     const ev = {
       event: 'rows',
       client: c.client,
@@ -223,6 +235,21 @@ async function handle(c) {
       view.destroy();
       views.delete(c.id);
       return;
+    }
+    case 'views': {
+      const {views} = mustClient(c.client);
+      const out = {};
+      for (const [id, v] of views) {
+        if (c.ids && !c.ids.includes(id)) continue;
+        const l = v.latest;
+        if (!l) {
+          out[id] = {rows: null, complete: false};
+          continue;
+        }
+        out[id] = {rows: l.data === undefined ? null : JSON.parse(JSON.stringify(l.data)),
+          complete: l.resultType === 'complete', ...(l.error ? {error: String(l.error)} : {})};
+      }
+      return {views: out};
     }
     case 'mutate': {
       const {z} = mustClient(c.client);

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -333,6 +334,9 @@ func (s *cfServer) waitRound(t *testing.T, round int) {
 			if last.Complete && cmp.Equal(decodeJSON(t, json.RawMessage(want)), decodeJSON(t, cfOrNull(last.Rows))) {
 				break
 			}
+			if strings.Contains(s.d.p.stderr.String(), "unexpected poke error") {
+				t.Fatalf("%s: a client failed to apply a poke at round %d (see driver.mjs stderr): a client bug, or rows the client cannot take", s.name, round)
+			}
 			if time.Now().After(deadline) {
 				t.Fatalf("%s client %s: no marker of round %d after 120s (last %s, complete %v)", s.name, c, round, last.Rows, last.Complete)
 			}
@@ -341,10 +345,12 @@ func (s *cfServer) waitRound(t *testing.T, round int) {
 	}
 }
 
-// compare returns the views that still differ from want after grace.
+// compare returns the views that still differ from want after grace, or
+// are still incomplete after two minutes (hydration on a loaded machine).
 func (s *cfServer) compare(t *testing.T, queries []*cfQuery, ids []int, want map[int]any, grace time.Duration) []cfMismatch {
 	t.Helper()
 	deadline := time.Now().Add(grace)
+	hydrated := time.Now().Add(2 * time.Minute)
 	for {
 		var bad []cfMismatch
 		for _, c := range s.clients {
@@ -360,7 +366,8 @@ func (s *cfServer) compare(t *testing.T, queries []*cfQuery, ids []int, want map
 				}
 			}
 		}
-		if len(bad) == 0 || time.Now().After(deadline) {
+		incomplete := slices.ContainsFunc(bad, func(m cfMismatch) bool { return m.incomplete })
+		if len(bad) == 0 || time.Now().After(deadline) && (!incomplete || time.Now().After(hydrated)) {
 			return bad
 		}
 		time.Sleep(100 * time.Millisecond)

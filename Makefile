@@ -69,6 +69,18 @@ $(NODE_CLIENT)/node_modules/.ci-stamp: $(NODE_CLIENT)/package-lock.json
 e2e-reference: node-deps build
 	JETSYNC_E2E_REFERENCE=1 JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 10m -run '^TestZeroClient_Reference$$' -v ./e2e/
 
+# conformance runs the differential suite at length (e2e/conformance_test.go):
+# random ZQL, materialized by the real client against jetsync and zero-cache
+# 1.9.0, compared with Postgres after every round of random writes. make test
+# runs a short version of it. CONFORMANCE_SEEDS etc. override the defaults.
+CONFORMANCE_SEEDS   ?= 1,2
+CONFORMANCE_QUERIES ?= 300
+CONFORMANCE_ROUNDS  ?= 60
+.PHONY: conformance
+conformance: node-deps build
+	CONFORMANCE_SEEDS=$(CONFORMANCE_SEEDS) CONFORMANCE_QUERIES=$(CONFORMANCE_QUERIES) CONFORMANCE_ROUNDS=$(CONFORMANCE_ROUNDS) \
+	JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 90m -run '^TestConformance$$' -v ./e2e/
+
 vet:
 	$(GO) vet ./...
 

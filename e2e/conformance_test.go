@@ -125,7 +125,7 @@ func (s *cfServer) checkLost(t *testing.T, round int, queries []*cfQuery) {
 		}
 		sort.Strings(held)
 		if s.name == "jetsync" {
-			t.Fatalf("jetsync: client %s failed to apply a poke by round %d (driver.mjs stderr has the client's error); it holds:\n%s", c, round, strings.Join(held, "\n"))
+			t.Fatalf("jetsync: client %s failed to apply a poke by round %d (driver.mjs stderr has the client's error; if zero-cache's client of the same queries fails too, the shape belongs in the generator's exclusions); it holds:\n%s", c, round, strings.Join(held, "\n"))
 		}
 		s.lost[c] = round
 		t.Logf("%s: client %s failed to apply a poke by round %d and is left out; it holds:\n%s", s.name, c, round, strings.Join(held, "\n"))
@@ -225,7 +225,7 @@ func runConformance(t *testing.T, cfg cfConfig, seed uint64) {
 				}
 				for _, m := range bad {
 					if _, seen := zcDiffers[m.q]; !seen {
-						t.Logf("zero-cache differs from Postgres: seed %d query %d round %d: %s\n%s", seed, m.q, round, queries[m.q].zql(), cfDiff(m))
+						t.Logf("zero-cache differs from Postgres: seed %d query %d round %d: %s\nwrites of the round:\n%s\n%s", seed, m.q, round, queries[m.q].zql(), cfWrites(roundSQL), cfDiff(m))
 					}
 					zcDiffers[m.q] = append(zcDiffers[m.q], round)
 				}

@@ -104,6 +104,14 @@ type cfServer struct {
 	// holds those that failed to apply a poke, with the round.
 	clientIDs map[string]string
 	lost      map[string]int
+	// peer is zero-cache's side when jetsync's runs beside it: their
+	// clients of the same name hold the same queries.
+	peer *cfServer
+}
+
+// pokeFailed reports whether client c failed to apply a poke.
+func (s *cfServer) pokeFailed(c string) bool {
+	return strings.Contains(s.d.p.stderr.String(), "clientID="+s.clientIDs[c]+" PokeHandler clearing due to unexpected poke error")
 }
 
 // checkLost looks for clients that failed to apply a poke: the 1.9.0
@@ -112,9 +120,8 @@ type cfServer struct {
 // caller records its queries.
 func (s *cfServer) checkLost(t *testing.T, round int, queries []*cfQuery) {
 	t.Helper()
-	stderr := s.d.p.stderr.String()
 	for _, c := range s.clients {
-		if _, ok := s.lost[c]; ok || !strings.Contains(stderr, "clientID="+s.clientIDs[c]+" PokeHandler clearing due to unexpected poke error") {
+		if _, ok := s.lost[c]; ok || !s.pokeFailed(c) {
 			continue
 		}
 		var held []string
@@ -124,6 +131,12 @@ func (s *cfServer) checkLost(t *testing.T, round int, queries []*cfQuery) {
 			}
 		}
 		sort.Strings(held)
+		if s.name == "jetsync" && s.peer != nil && s.peer.pokeFailed(c) {
+			// The client fails the same way with zero-cache: its own bug.
+			s.lost[c], s.peer.lost[c] = round, round
+			t.Logf("the 1.9.0 client fails to apply a poke with jetsync (by round %d) and with zero-cache alike; client %s is left out on both; it holds:\n%s", round, c, strings.Join(held, "\n"))
+			continue
+		}
 		if s.name == "jetsync" {
 			t.Fatalf("jetsync: client %s failed to apply a poke by round %d (driver.mjs stderr has the client's error; if zero-cache's client of the same queries fails too, the shape belongs in the generator's exclusions); it holds:\n%s", c, round, strings.Join(held, "\n"))
 		}
@@ -189,6 +202,9 @@ func runConformance(t *testing.T, cfg cfConfig, seed uint64) {
 	}
 	for _, s := range servers {
 		s.open(t, node, queries, ids, cfg.perClient)
+	}
+	if len(servers) == 2 {
+		servers[0].peer = servers[1]
 	}
 	t.Logf("seed %d: %d queries on %d clients per server, ready after %v", seed, len(ids), len(servers[0].clients), time.Since(began).Round(time.Millisecond))
 

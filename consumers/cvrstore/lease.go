@@ -40,6 +40,11 @@ type Lease struct {
 	key     string
 	granted int64
 
+	// renewMu keeps one renewal in flight: the renewal loop and a publish
+	// finding the lease expired would otherwise race on one revision, and
+	// the loser would take the winner's write for a takeover.
+	renewMu sync.Mutex
+
 	mu      sync.Mutex
 	rev     uint64
 	expires time.Time
@@ -217,6 +222,8 @@ func (s *Store) lost(l *Lease, err error) {
 // be retried, even once it expired: a peer that took the group over
 // meanwhile rewrote the record, which the next renewal finds.
 func (l *Lease) Renew(ctx context.Context) error {
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
 	l.mu.Lock()
 	rev, err := l.rev, l.err
 	l.mu.Unlock()
@@ -225,13 +232,16 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	now := time.Now()
 	rev, err = l.s.kv.Update(ctx, l.key, l.record(now), rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		// A renewal whose answer was lost (it timed out while NATS was
-		// unreachable, and went out after the reconnect) moved the record
-		// on: it still names this lease.
-		if cur, ok := l.ownRecord(ctx); ok {
-			rev, err = l.s.kv.Update(ctx, l.key, l.record(now), cur)
+	// Renewals whose answers were lost (they timed out while NATS was
+	// unreachable, and nats.go sent them after the reconnect) move the
+	// record on while it still names this lease; several may land one
+	// after another, so look again a few times.
+	for try := 0; try < maxLostRenewals && errors.Is(err, jetstream.ErrKeyRevisionMismatch); try++ {
+		cur, ok := l.ownRecord(ctx)
+		if !ok {
+			break
 		}
+		rev, err = l.s.kv.Update(ctx, l.key, l.record(now), cur)
 	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -252,6 +262,10 @@ func (l *Lease) Renew(ctx context.Context) error {
 	l.rev, l.expires = rev, now.Add(l.s.cfg.LeaseTTL)
 	return nil
 }
+
+// maxLostRenewals bounds how many of its own lost renewals a renewal
+// steps over before it takes the record for rewritten by a peer.
+const maxLostRenewals = 5
 
 // ownRecord reads the lease's record and returns its revision if it is
 // still this lease's: written by this OwnerID for this grant, which only

@@ -102,11 +102,18 @@ func BenchmarkApplyBackfill(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*rows), "ns/row")
 }
 
+// BenchmarkApplyBatch applies batches of updates, deletes and inserts. In
+// the full cases each update and delete carries the whole old row, as a
+// table with REPLICA IDENTITY FULL publishes them.
 func BenchmarkApplyBatch(b *testing.B) {
-	for _, collect := range []bool{false, true} {
+	for _, bc := range []struct{ collect, full bool }{{false, false}, {true, false}, {true, true}} {
+		collect := bc.collect
 		name := "size=256"
 		if collect {
 			name += "/collect"
+		}
+		if bc.full {
+			name += "/full"
 		}
 		b.Run(name, func(b *testing.B) {
 			const size = 256
@@ -136,12 +143,19 @@ func BenchmarkApplyBatch(b *testing.B) {
 				for j := range size {
 					lsn++
 					id := raw(fmt.Sprintf("i%07d", int(lsn)%10000))
+					var old streams.Row
+					if bc.full {
+						old = streams.Row{"id": id, "title": raw("x"), "n": raw(j), "open": raw(false), "score": raw(2.5), "created": raw(2.0)}
+					}
 					var c streams.Change
 					switch j % 4 {
 					case 0, 1:
-						c = streams.Change{Op: streams.OpUpdate, New: streams.Row{"id": id, "title": raw("t" + strconv.Itoa(j)), "n": raw(j), "open": raw(true), "score": raw(1.5), "created": raw(1.0)}}
+						c = streams.Change{Op: streams.OpUpdate, New: streams.Row{"id": id, "title": raw("t" + strconv.Itoa(j)), "n": raw(j), "open": raw(true), "score": raw(1.5), "created": raw(1.0)}, Old: old}
 					case 2:
-						c = streams.Change{Op: streams.OpDelete, Old: streams.Row{"id": id}}
+						if old == nil {
+							old = streams.Row{"id": id}
+						}
+						c = streams.Change{Op: streams.OpDelete, Old: old}
 					case 3:
 						c = streams.Change{Op: streams.OpInsert, New: streams.Row{"id": id, "title": raw("x"), "n": raw(j), "open": raw(false), "score": raw(2.5), "created": raw(2.0)}}
 					}

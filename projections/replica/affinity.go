@@ -85,11 +85,13 @@ func (aff affinity) stored(v any) (any, bool) {
 // carry every column (REPLICA IDENTITY DEFAULT or USING INDEX, or an old
 // TOASTed value left out) or a value's stored form is uncertain.
 func (t *table) storedImage(vals []any, present []bool) map[string]any {
+	for _, p := range present {
+		if !p {
+			return nil // before allocating: the common case of a key-only image
+		}
+	}
 	m := make(map[string]any, len(t.cols))
 	for i := range t.cols {
-		if !present[i] {
-			return nil
-		}
 		v, ok := t.cols[i].aff.stored(vals[i])
 		if !ok {
 			return nil

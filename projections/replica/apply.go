@@ -963,12 +963,14 @@ func (a *Applier) delete(ctx context.Context, t *table, oldRow streams.Row) erro
 		return err
 	}
 	var old map[string]any
-	collect := a.collecting(t)
-	if collect {
+	image := false
+	if a.collecting(t) {
 		// A whole old row (REPLICA IDENTITY FULL) spares the read. (DELETE
 		// ... RETURNING would too, under any identity, but measured slower
 		// than a read and a plain delete.)
-		if old = t.storedImage(vals, present); old == nil {
+		old = t.storedImage(vals, present)
+		image = old != nil
+		if !image {
 			if old, err = a.selectRow(ctx, t, cols, kv); err != nil {
 				return err
 			}
@@ -987,10 +989,14 @@ func (a *Applier) delete(ctx context.Context, t *table, oldRow streams.Row) erro
 	if old == nil {
 		return nil
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("delete from %s: %w", t.name, err)
-	} else if n > 0 {
-		a.Collector.RowChanged(RowChange{Table: t.name, Key: t.keyMap(cols, kv), Old: old})
+	if image {
+		// The image says nothing of whether the replica had the row.
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("delete from %s: %w", t.name, err)
+		} else if n == 0 {
+			return nil
+		}
 	}
+	a.Collector.RowChanged(RowChange{Table: t.name, Key: t.keyMap(cols, kv), Old: old})
 	return nil
 }

@@ -27,9 +27,13 @@ const maxVariables = 32766
 var ErrUnknownTable = errors.New("unknown table")
 
 // RowChange is one row's change, with values as the replica stores them
-// (int64, float64, string or nil), _0_version included. Old is nil for an
-// insert and New is nil for a delete. An update that changes the key is
-// reported as a delete of the old key and an insert of the new one.
+// (int64, float64, string or nil). Old is nil for an insert and New is nil
+// for a delete. An update that changes the key is reported as a delete of
+// the old key and an insert of the new one.
+//
+// New always holds _0_version. Old holds it when the old row was read from
+// the replica; an update or delete whose change carried the whole old row
+// (REPLICA IDENTITY FULL) reports that image, which has no version.
 type RowChange struct {
 	Table string
 	Key   map[string]any
@@ -51,9 +55,12 @@ type Collector interface {
 // caches table specs and the transaction's prepared statements, so after a
 // rollback the caller must call Discard. It is not safe for concurrent use.
 type Applier struct {
-	// Collector, when set, is told of every change. Collecting costs a read
-	// of each row before it is written.
+	// Collector, when set, is told of every change. The old row of an
+	// update or delete comes from the change where it carries the whole
+	// row, and otherwise from a read of the replica before the write.
 	Collector Collector
+	// OldRowReads counts the rows read only to report their old image.
+	OldRowReads int
 
 	tables map[string]*table
 	tx     *sql.Tx
@@ -194,6 +201,7 @@ type column struct {
 	// keeps its quotes, as zero-cache stores JSON.stringify(value).
 	json   bool
 	number bool
+	aff    affinity
 }
 
 func (c *column) value(raw json.RawMessage) (any, error) {
@@ -258,6 +266,7 @@ func newTable(spec streams.TableSpec, pkIndex string) (*table, error) {
 			quoted: quoteIdent(c.Name),
 			json:   c.Kind == streams.KindJSON || c.Array,
 			number: c.Kind == streams.KindNumber,
+			aff:    affinityOf(declaredType(c)),
 		})
 	}
 	for _, k := range spec.PrimaryKey {
@@ -750,6 +759,7 @@ func (a *Applier) selectRow(ctx context.Context, t *table, cols []int, kv []any)
 	if err != nil {
 		return nil, err
 	}
+	a.OldRowReads++
 	m, err := t.scan(st.QueryRowContext(ctx, kv...))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", t.name, err)
@@ -798,11 +808,28 @@ func (a *Applier) upsert(ctx context.Context, t *table, vals []any, present []bo
 	if err != nil {
 		return nil, err
 	}
+	// Most inserts replace nothing: a plain insert that succeeds shows
+	// there was no old row, without reading for it.
+	fresh, err := t.stmt(ctx, a.tx, "in", func() string {
+		return "INSERT INTO " + quoteIdent(t.name) + " (" + t.allColumns() + ") VALUES (" +
+			strings.Repeat("?, ", len(t.cols)) + "?) ON CONFLICT DO NOTHING RETURNING " + t.allColumns()
+	})
+	if err != nil {
+		return nil, err
+	}
+	row, err := t.scan(fresh.QueryRowContext(ctx, args...))
+	if err != nil {
+		return nil, fmt.Errorf("insert into %s: %w", t.name, err)
+	}
+	if row != nil {
+		a.Collector.RowChanged(RowChange{Table: t.name, Key: t.keyMap(cols, kv), New: row})
+		return row, nil
+	}
 	old, err := a.selectRow(ctx, t, cols, kv)
 	if err != nil {
 		return nil, err
 	}
-	row, err := t.scan(st.QueryRowContext(ctx, args...))
+	row, err = t.scan(st.QueryRowContext(ctx, args...))
 	if err != nil {
 		return nil, fmt.Errorf("insert into %s: %w", t.name, err)
 	}
@@ -818,6 +845,7 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 	var (
 		keyCols []int
 		oldKey  []any
+		image   map[string]any // the old row, when the change carries it whole
 	)
 	switch {
 	case c.Old != nil:
@@ -827,6 +855,9 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 		}
 		if keyCols, oldKey, err = t.keyOf(ov, op); err != nil {
 			return err
+		}
+		if a.collecting(t) {
+			image = t.storedImage(ov, op)
 		}
 	case len(t.pk) > 0:
 		if keyCols, oldKey, err = t.keyOf(vals, present); err != nil {
@@ -846,10 +877,12 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 		}
 		keyChanged = !slices.Equal(oldKey, newKey)
 	}
-	var old, displaced map[string]any
+	old, displaced := image, map[string]any(nil)
 	if collect {
-		if old, err = a.selectRow(ctx, t, keyCols, oldKey); err != nil {
-			return err
+		if old == nil {
+			if old, err = a.selectRow(ctx, t, keyCols, oldKey); err != nil {
+				return err
+			}
 		}
 		if keyChanged {
 			if displaced, err = a.selectRow(ctx, t, t.pk, newKey); err != nil {
@@ -930,9 +963,17 @@ func (a *Applier) delete(ctx context.Context, t *table, oldRow streams.Row) erro
 		return err
 	}
 	var old map[string]any
+	image := false
 	if a.collecting(t) {
-		if old, err = a.selectRow(ctx, t, cols, kv); err != nil {
-			return err
+		// A whole old row (REPLICA IDENTITY FULL) spares the read. (DELETE
+		// ... RETURNING would too, under any identity, but measured slower
+		// than a read and a plain delete.)
+		old = t.storedImage(vals, present)
+		image = old != nil
+		if !image {
+			if old, err = a.selectRow(ctx, t, cols, kv); err != nil {
+				return err
+			}
 		}
 	}
 	st, err := t.stmt(ctx, a.tx, maskKey("d", colsMask(len(t.cols), cols)), func() string {
@@ -941,11 +982,21 @@ func (a *Applier) delete(ctx context.Context, t *table, oldRow streams.Row) erro
 	if err != nil {
 		return err
 	}
-	if _, err := st.ExecContext(ctx, kv...); err != nil {
+	res, err := st.ExecContext(ctx, kv...)
+	if err != nil {
 		return fmt.Errorf("delete from %s: %w", t.name, err)
 	}
-	if old != nil {
-		a.Collector.RowChanged(RowChange{Table: t.name, Key: t.keyMap(cols, kv), Old: old})
+	if old == nil {
+		return nil
 	}
+	if image {
+		// The image says nothing of whether the replica had the row.
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("delete from %s: %w", t.name, err)
+		} else if n == 0 {
+			return nil
+		}
+	}
+	a.Collector.RowChanged(RowChange{Table: t.name, Key: t.keyMap(cols, kv), Old: old})
 	return nil
 }

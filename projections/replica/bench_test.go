@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -102,11 +103,18 @@ func BenchmarkApplyBackfill(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*rows), "ns/row")
 }
 
+// BenchmarkApplyBatch applies batches of updates, deletes and inserts. In
+// the full cases each update and delete carries the whole old row, as a
+// table with REPLICA IDENTITY FULL publishes them.
 func BenchmarkApplyBatch(b *testing.B) {
-	for _, collect := range []bool{false, true} {
+	for _, bc := range []struct{ collect, full bool }{{false, false}, {true, false}, {true, true}} {
+		collect := bc.collect
 		name := "size=256"
 		if collect {
 			name += "/collect"
+		}
+		if bc.full {
+			name += "/full"
 		}
 		b.Run(name, func(b *testing.B) {
 			const size = 256
@@ -136,12 +144,19 @@ func BenchmarkApplyBatch(b *testing.B) {
 				for j := range size {
 					lsn++
 					id := raw(fmt.Sprintf("i%07d", int(lsn)%10000))
+					var old streams.Row
+					if bc.full {
+						old = streams.Row{"id": id, "title": raw("x"), "n": raw(j), "open": raw(false), "score": raw(2.5), "created": raw(2.0)}
+					}
 					var c streams.Change
 					switch j % 4 {
 					case 0, 1:
-						c = streams.Change{Op: streams.OpUpdate, New: streams.Row{"id": id, "title": raw("t" + strconv.Itoa(j)), "n": raw(j), "open": raw(true), "score": raw(1.5), "created": raw(1.0)}}
+						c = streams.Change{Op: streams.OpUpdate, New: streams.Row{"id": id, "title": raw("t" + strconv.Itoa(j)), "n": raw(j), "open": raw(true), "score": raw(1.5), "created": raw(1.0)}, Old: old}
 					case 2:
-						c = streams.Change{Op: streams.OpDelete, Old: streams.Row{"id": id}}
+						if old == nil {
+							old = streams.Row{"id": id}
+						}
+						c = streams.Change{Op: streams.OpDelete, Old: old}
 					case 3:
 						c = streams.Change{Op: streams.OpInsert, New: streams.Row{"id": id, "title": raw("x"), "n": raw(j), "open": raw(false), "score": raw(2.5), "created": raw(2.0)}}
 					}
@@ -165,3 +180,102 @@ type discard struct{}
 
 func (discard) RowChanged(replica.RowChange) {}
 func (discard) TableChanged(string)          {}
+
+// BenchmarkApplyOps applies, collecting, batches of 256 changes of one kind
+// to distinct rows that exist (updates, deletes) or not (inserts), with old
+// rows as a table of the given replica identity sends them.
+func BenchmarkApplyOps(b *testing.B) {
+	const size, rows = 256, 10000
+	cols := []string{"id", "title", "n", "open", "score", "created"}
+	rowOf := func(vals []json.RawMessage) streams.Row {
+		r := streams.Row{}
+		for i, c := range cols {
+			r[c] = vals[i]
+		}
+		return r
+	}
+	for _, bc := range []struct{ op, identity string }{
+		{"update", "default"}, {"update", "full"}, {"delete", "default"}, {"delete", "full"}, {"insert", "default"},
+	} {
+		b.Run("op="+bc.op+"/identity="+bc.identity, func(b *testing.B) {
+			ctx := context.Background()
+			db := openDB(b)
+			a := replica.NewApplier()
+			s := initialSync("0a", rows)
+			tx, _ := db.BeginTx(ctx, nil)
+			for i := range s.parts {
+				if err := a.Apply(ctx, tx, s.schema[i], s.table[i], &s.parts[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
+			lsn := uint64(1000)
+			// apply applies changes in one transaction, one part each.
+			apply := func(changes []streams.Change, collect bool) {
+				a.Collector = nil
+				if collect {
+					a.Collector = discard{}
+				}
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range changes {
+					lsn++
+					p := streams.Part{Watermark: streams.Lexi(lsn), Num: 0, Last: true, Changes: changes[i : i+1]}
+					if err := a.Apply(ctx, tx, "public", "item", &p); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			changes := make([]streams.Change, size)
+			undo := make([]streams.Change, size)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				base := i * size % (rows - size)
+				for j := range size {
+					row := itemRow(base + j)
+					full := rowOf(row)
+					key := streams.Row{"id": row[0]}
+					switch bc.op {
+					case "update":
+						nv := slices.Clone(row)
+						nv[2] = raw(i)
+						changes[j] = streams.Change{Op: streams.OpUpdate, New: rowOf(nv)}
+						undo[j] = streams.Change{Op: streams.OpUpdate, New: full}
+						if bc.identity == "full" {
+							changes[j].Old = full
+						}
+					case "delete":
+						changes[j] = streams.Change{Op: streams.OpDelete, Old: key}
+						if bc.identity == "full" {
+							changes[j].Old = full
+						}
+						undo[j] = streams.Change{Op: streams.OpInsert, New: full}
+					case "insert":
+						changes[j] = streams.Change{Op: streams.OpInsert, New: full}
+						undo[j] = streams.Change{Op: streams.OpDelete, Old: key}
+					}
+				}
+				if bc.op == "insert" {
+					b.StopTimer()
+					apply(undo, false)
+					b.StartTimer()
+				}
+				apply(changes, true)
+				if bc.op != "insert" {
+					b.StopTimer()
+					apply(undo, false)
+					b.StartTimer()
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*size), "ns/change")
+		})
+	}
+}

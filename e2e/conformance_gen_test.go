@@ -203,6 +203,39 @@ func (g *cfGen) queryOn(table string, depth int, top bool, junction string, path
 	return q
 }
 
+// clientBreaks says why the 1.9.0 client itself cannot hold q's view, or
+// "". An exists whose subquery's condition has an exists back to a table
+// on its path (issue -> comments -> issue) leaves the client's view empty:
+// its pipeline fails with "node does not exist" (a child change in
+// view-apply-change) on hydration or later, with zero-cache's pokes as with
+// jetsync's. Such queries are generated as before, so that the queries
+// after them stay the same, and then left out.
+func (q *cfQuery) clientBreaks() string {
+	if existsCycle(q.table, q.where, []string{q.table}) {
+		return "exists back to a table on its path"
+	}
+	return ""
+}
+
+func existsCycle(table string, c *cfCond, path []string) bool {
+	if c == nil {
+		return false
+	}
+	if c.op == "exists" {
+		to := cfRelOf(table, c.rel).to
+		if len(path) > 1 && slices.Contains(path, to) {
+			return true
+		}
+		return c.q != nil && existsCycle(to, c.q.where, append(slices.Clone(path), to))
+	}
+	for _, s := range c.subs {
+		if existsCycle(table, s, path) {
+			return true
+		}
+	}
+	return false
+}
+
 func unflip(c *cfCond) {
 	if c == nil {
 		return

@@ -185,10 +185,15 @@ func runConformance(t *testing.T, cfg cfConfig, seed uint64) {
 		queries[i] = gen.query()
 	}
 	var ids []int
-	for i := range queries {
-		if cfg.only < 0 || cfg.only == i {
-			ids = append(ids, i)
+	for i, q := range queries {
+		if cfg.only >= 0 && cfg.only != i {
+			continue
 		}
+		if why := q.clientBreaks(); why != "" {
+			t.Logf("query %d left out (%s: the 1.9.0 client fails on it with either server): %s", i, why, q.zql())
+			continue
+		}
+		ids = append(ids, i)
 	}
 	// A query Postgres refuses is the generator's bug, not the servers'.
 	for _, i := range ids {

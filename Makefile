@@ -73,8 +73,10 @@ e2e-reference: node-deps build
 # random ZQL, materialized by the real client against jetsync and zero-cache
 # 1.9.0, compared with Postgres after every round of random writes. make test
 # runs a short version of it. CONFORMANCE_SEEDS etc. override the defaults.
+# 320 generated queries leave at least 300 once the shapes the 1.9.0 client
+# cannot hold are left out (about 3%).
 CONFORMANCE_SEEDS   ?= 1,2
-CONFORMANCE_QUERIES ?= 300
+CONFORMANCE_QUERIES ?= 320
 CONFORMANCE_ROUNDS  ?= 60
 CONFORMANCE_PER_CLIENT ?= 10
 .PHONY: conformance

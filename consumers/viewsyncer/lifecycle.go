@@ -1,0 +1,364 @@
+package viewsyncer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// A group's life: loaded (or created) by its first connection, advanced
+// with the replica while it has ready connections, its expired queries
+// evicted, then unloaded when idle, drained at shutdown, stopped when its
+// lease is lost, or dropped when a sync broke it.
+
+// group returns the client group id, loading it, or creating it, once:
+// concurrent connections of a group wait for the first one's load.
+func (s *Server) group(ctx context.Context, id string) (*group, error) {
+	s.mu.Lock()
+	for s.dropping[id] != nil {
+		done := s.dropping[id]
+		s.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		s.mu.Lock()
+	}
+	g := s.groups[id]
+	if g == nil {
+		g = &group{
+			s: s, id: id, log: s.log.With("client_group", id),
+			pipelines: map[string]*pipeline{}, conns: map[string]*conn{},
+			loaded: make(chan struct{}), maint: make(chan struct{}, 1),
+		}
+		g.cc = s.newAuthManager(g)
+		s.groups[id] = g
+		s.mu.Unlock()
+		c, err := s.store.load(ctx, id)
+		if c == nil && err == nil {
+			c = newCVR(id)
+		}
+		s.mu.Lock()
+		if err != nil {
+			g.loadErr = err
+			delete(s.groups, id)
+		} else {
+			g.cvr, g.cold, g.idleSince = c, c.version != "", time.Now()
+			if c.dg != nil {
+				g.leaseDone = c.dg.lease.Done()
+			}
+		}
+		close(g.loaded)
+	}
+	s.mu.Unlock()
+	select {
+	case <-g.loaded:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if g.loadErr != nil {
+		return nil, fmt.Errorf("load cvr %s: %w", id, g.loadErr)
+	}
+	return g, nil
+}
+
+// advance moves the group to snap, updating the queries that read a
+// changed table (re-hydrating all of them when changed is nil). Groups without
+// connections wait: they re-hydrate when a client returns.
+func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet) error {
+	unlock := g.lock()
+	defer unlock()
+	if !g.hasReady() || g.unloaded || snap.version <= stateOf(g.cvr.version) {
+		return nil
+	}
+	g.transformPending(ctx)
+	err := g.sync(ctx, snap, changed)
+	if err == nil {
+		// The pipelines are synced: background retransforms may run.
+		g.cc.SetRetransformReady(true)
+	}
+	g.dropIfBroken()
+	return err
+}
+
+// transformPending transforms the synced queries that are still waiting
+// for their AST. A config change transforms only when there is a snapshot
+// to sync at, so the queries of clients that connected before the replica
+// existed wait for the first advance. They go through a ready connection,
+// as a config change of its client would; a failure is that client's, and
+// it is sent away with it (its reconnect transforms again), while the
+// group's other queries advance.
+func (g *group) transformPending(ctx context.Context) {
+	if !g.s.api.QueryConfigured() {
+		return
+	}
+	for _, c := range g.sortedConns() {
+		if !g.hasPendingTransform() {
+			return
+		}
+		if !c.ready {
+			continue
+		}
+		v, err := g.viaConn(c, false)
+		if err != nil {
+			continue
+		}
+		val, err := g.transform(ctx, v, g.ttlClock(time.Now()))
+		if err == nil {
+			err = g.validateVia(v, val)
+		} else if appapi.IsAuth(err) {
+			g.cc.Fail(v.ac.Selector, v.ac.Revision)
+		}
+		if err != nil {
+			g.log.Warn("transform queued synced queries", "client", c.clientID, "err", err)
+			c.ready = false
+			c.failErr(err)
+		}
+	}
+}
+
+// hasPendingTransform reports whether a live synced query waits for its AST.
+func (g *group) hasPendingTransform() bool {
+	clock := g.ttlClock(time.Now())
+	for h, q := range g.cvr.queries {
+		if q.pendingTransform() && !g.queryExpired(h, clock) {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *group) hasReady() bool {
+	for _, c := range g.conns {
+		if c.ready {
+			return true
+		}
+	}
+	return false
+}
+
+// evict removes the queries whose TTL ran out.
+func (g *group) evict(ctx context.Context, now time.Time) error {
+	unlock := g.lock()
+	defer unlock()
+	if !g.hasReady() || g.unloaded {
+		return nil
+	}
+	clock := g.ttlClock(now)
+	next, ok := g.nextEviction(clock)
+	if !ok || next > clock {
+		return nil
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil || snap == nil {
+		return err
+	}
+	defer snap.close()
+	err = g.syncAt(ctx, snap)
+	g.dropIfBroken()
+	return err
+}
+
+// syncAt syncs the group at a fresh snapshot: only query-set changes,
+// unless the snapshot is newer than the group's rows.
+func (g *group) syncAt(ctx context.Context, snap *snapshot) error {
+	snap.from = snap.version
+	return g.sync(ctx, snap, &changeSet{tables: map[string]bool{}})
+}
+
+// unloadIfIdle marks the group unloaded once it has had no connection for
+// GroupIdle, persisting its stopped TTL clock; the caller then removes it
+// and gives its lease up. Its pipelines go with it: a returning client
+// re-hydrates them from the durable CVR.
+func (g *group) unloadIfIdle(ctx context.Context, now time.Time) bool {
+	unlock := g.lock()
+	defer unlock()
+	if g.unloaded || len(g.conns) > 0 || now.Sub(g.idleSince) < g.s.cfg.GroupIdle {
+		return false
+	}
+	g.persistClock(ctx)
+	g.unloaded = true
+	g.stopLocked()
+	g.pipelines = nil
+	g.log.Debug("unloaded idle client group")
+	return true
+}
+
+// persistClock writes the TTL clock, which only a durable store keeps, and
+// only for a group that has a version.
+func (g *group) persistClock(ctx context.Context) {
+	if g.broken || g.cvr.dg == nil || g.cvr.version == "" {
+		return
+	}
+	u := g.beginConfig()
+	u.clock = true
+	if err := g.s.store.flush(ctx, g.cvr, u); err != nil {
+		g.log.Warn("persist the ttl clock", "err", err)
+	}
+}
+
+// stopLocked stops what runs for a group leaving memory: its maintenance
+// timer and its pusher.
+func (g *group) stopLocked() {
+	g.count(true)
+	g.cc.Stop()
+	g.stopPusherLocked()
+}
+
+func (s *Server) removeGroup(g *group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.groups[g.id] == g {
+		delete(s.groups, g.id)
+	}
+}
+
+// leaseLost stops serving a group whose ownership moved: its clients are
+// sent to reconnect at once, as zero-cache's OwnershipError does.
+func (s *Server) leaseLost(g *group) {
+	g.mu.Lock()
+	if !g.unloaded {
+		g.unloaded = true
+		g.stopLocked()
+		g.log.Info("cvr lease lost; closing the group's connections", "err", g.cvr.dg.lease.Err())
+		perr := ownershipError(s.ownerOf(g.id), time.Now())
+		for _, c := range g.conns {
+			c.ready = false
+			c.fail(perr)
+		}
+	}
+	g.mu.Unlock()
+	s.removeGroup(g)
+}
+
+// ownerOf reads who owns a group now, for the Rehome message.
+func (s *Server) ownerOf(id string) streams.CVROwner {
+	if s.cfg.CVR == nil {
+		return streams.CVROwner{}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	o, _ := s.cfg.CVR.Owner(ctx, id)
+	return o
+}
+
+// ownershipError is zero-cache's OwnershipError: Rehome, reconnect at once.
+func ownershipError(o streams.CVROwner, lastConnect time.Time) *protocolError {
+	owner := o.ID
+	if owner == "" {
+		owner = "null"
+	}
+	perr := newProtocolError(kindRehome, "CVR ownership was transferred to %s at %s (last connect time: %s)",
+		owner, isoTime(time.UnixMilli(o.GrantedMs)), isoTime(lastConnect))
+	zero := 0
+	perr.MaxBackoffMs = &zero
+	return perr
+}
+
+// isoTime formats t as JavaScript's Date.toISOString does.
+func isoTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
+
+// dropIfBroken forgets a group whose sync failed halfway. Its clients are
+// sent away with Rehome; when they return, the group is unknown and they
+// start over (ClientNotFound), as after a lost CVR.
+func (g *group) dropIfBroken() {
+	if !g.broken || g.unloaded {
+		return
+	}
+	g.unloaded = true
+	g.stopLocked()
+	g.s.dropGroup(g)
+	for _, c := range g.conns {
+		c.ready = false
+		c.fail(newProtocolError(kindRehome, "Reconnect required"))
+	}
+}
+
+// dropGroup forgets g in memory and in the store. The store's I/O runs
+// outside s.mu, which every new connection takes; a connection of the same
+// group meanwhile waits in group for the drop to end, so that it loads what
+// was durably written, not the copy being dropped.
+func (s *Server) dropGroup(g *group) {
+	done := make(chan struct{})
+	s.mu.Lock()
+	if s.groups[g.id] == g {
+		delete(s.groups, g.id)
+	}
+	s.dropping[g.id] = done
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.dropping, g.id)
+		s.mu.Unlock()
+		close(done)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.store.drop(ctx, g.cvr)
+}
+
+// Drain pacing (zero-cache's drain-coordinator.ts): after a group's
+// clients are sent away, the next group waits the group's hydration time
+// divided by drainUtilization, so that the servers they reconnect to are
+// not swamped. jetsync bounds each wait and the whole drain, which must
+// end before the orchestrator's kill.
+const (
+	drainUtilization = 0.6
+	drainPadding     = 2 * time.Millisecond
+	maxDrainPause    = time.Second
+	maxDrain         = 10 * time.Second
+)
+
+// closeAll drains the server: group by group, paced, it stops the group,
+// persists its TTL clock, gives its lease up, so that a peer can serve it
+// at once, and closes its connections with a plain close, on which the
+// clients reconnect (zero-cache's drain). Connections that arrive
+// meanwhile are sent away with Rehome.
+func (s *Server) closeAll() {
+	s.draining.Store(true)
+	defer s.bg.Wait()
+	groups := s.groupList()
+	if len(groups) == 0 {
+		return
+	}
+	start := time.Now()
+	s.log.Info("draining client groups", "groups", len(groups))
+	for i, g := range groups {
+		pause := s.drainGroup(g)
+		if i == len(groups)-1 {
+			break
+		}
+		pause = min(time.Duration(float64(pause)/drainUtilization)+drainPadding, maxDrainPause, maxDrain-time.Since(start))
+		if pause > 0 {
+			time.Sleep(pause)
+		}
+	}
+	s.log.Info("drained client groups", "groups", len(groups), "elapsed", time.Since(start).Round(time.Millisecond))
+}
+
+// drainGroup unloads g and closes its connections; it returns the time g
+// spent hydrating, which its clients' reconnection costs elsewhere.
+func (s *Server) drainGroup(g *group) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	unlock := g.lock()
+	defer unlock()
+	for _, c := range g.conns {
+		c.ready = false
+	}
+	if !g.unloaded {
+		g.persistClock(ctx)
+		g.unloaded = true
+		g.stopLocked()
+		s.removeGroup(g)
+		s.store.unload(ctx, g.cvr)
+	}
+	for _, c := range g.conns {
+		c.closeQuietly()
+	}
+	return g.syncTime
+}

@@ -157,6 +157,10 @@ type Consumer struct {
 	mu    sync.Mutex
 	state replica.State
 	subs  map[*Subscription]struct{}
+	// commitMu is held across a commit and its publish, so that a reader
+	// beginning a transaction under it (Subscription.NextRead) sees the
+	// replica at exactly the watermark its subscription was told.
+	commitMu sync.RWMutex
 
 	// Owned by Run.
 	proc        *processor
@@ -346,13 +350,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.badReset = c.rebuiltFrom
 		}
 		c.lastGapSeq = gap.Seq
-		if err := c.whileFull(ctx, func() error { return c.proc.wipe(context.WithoutCancel(ctx)) }); err != nil {
+		c.commitMu.Lock()
+		err = c.whileFull(ctx, func() error { return c.proc.wipe(context.WithoutCancel(ctx)) })
+		if err == nil {
+			c.publish(c.proc.st, outcome{reset: true})
+		}
+		c.commitMu.Unlock()
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		c.publish(c.proc.st, outcome{reset: true})
 	}
 }
 
@@ -547,8 +556,10 @@ func poll(ctx context.Context, it jetstream.MessagesContext) (jetstream.Msg, err
 // commit commits the batch in hand, acks it, and tells the world.
 func (c *Consumer) commit(ctx context.Context) error {
 	p := c.proc
+	c.commitMu.Lock()
 	o, err := p.commit(ctx, time.Now())
 	if err != nil {
+		c.commitMu.Unlock()
 		return err
 	}
 	if c.last != nil {
@@ -559,6 +570,7 @@ func (c *Consumer) commit(ctx context.Context) error {
 	c.metrics.changes.Add(float64(o.changes))
 	c.metrics.observeLag(time.Now(), o.commitTimes)
 	c.publish(p.st, o)
+	c.commitMu.Unlock()
 	c.noteWatermark(p.st.Watermark)
 	if o.initialSync {
 		c.log.Info("initial sync applied", "replica_version", p.st.ReplicaVersion, "seq", p.st.StreamSeq, "changes", o.changes)

@@ -51,25 +51,64 @@ func (c *Consumer) Subscribe() *Subscription {
 // Next blocks until the replica has changed since the previous Next (or
 // Subscribe), and returns how.
 func (s *Subscription) Next(ctx context.Context) (Update, error) {
+	return s.NextRead(ctx, nil)
+}
+
+// NextRead is Next, and begin, if not nil, runs while no commit can land:
+// a read transaction that begin starts, and reads from once (SQLite fixes
+// a transaction's view at its first read), sees the replica at exactly
+// the update's To. The update is taken even if begin fails. begin must be
+// quick: commits wait for it.
+func (s *Subscription) NextRead(ctx context.Context, begin func() error) (Update, error) {
 	for {
-		s.c.mu.Lock()
-		if s.closed {
-			s.c.mu.Unlock()
-			return Update{}, ErrClosed
-		}
-		if s.reset || len(s.changes) > 0 || s.from != s.to {
-			u := Update{From: s.from, To: s.to, Reset: s.reset, Changes: s.changes}
-			s.from, s.reset, s.changes = s.to, false, nil
-			s.c.mu.Unlock()
+		if s.pending() {
+			if begin != nil {
+				s.c.commitMu.RLock()
+				defer s.c.commitMu.RUnlock()
+			}
+			u, ok := s.take()
+			if !ok {
+				return Update{}, ErrClosed
+			}
+			if begin != nil {
+				return u, begin()
+			}
 			return u, nil
 		}
-		s.c.mu.Unlock()
+		if s.isClosed() {
+			return Update{}, ErrClosed
+		}
 		select {
 		case <-s.ready:
 		case <-ctx.Done():
 			return Update{}, ctx.Err()
 		}
 	}
+}
+
+func (s *Subscription) pending() bool {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.closed || s.reset || len(s.changes) > 0 || s.from != s.to
+}
+
+func (s *Subscription) isClosed() bool {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.closed
+}
+
+// take returns what changed since the last take; ok is false once the
+// subscription is closed.
+func (s *Subscription) take() (u Update, ok bool) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.closed {
+		return Update{}, false
+	}
+	u = Update{From: s.from, To: s.to, Reset: s.reset, Changes: s.changes}
+	s.from, s.reset, s.changes = s.to, false, nil
+	return u, true
 }
 
 // Close ends the subscription; a blocked Next returns ErrClosed.

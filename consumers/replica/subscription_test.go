@@ -2,13 +2,16 @@ package replica_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/jetsync/jetsync/consumers/replica"
+	projreplica "github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -115,4 +118,66 @@ func m(kv ...any) map[string]any {
 		out[kv[i].(string)] = kv[i+1]
 	}
 	return out
+}
+
+// TestSubscription_NextRead checks that a read transaction begun inside
+// NextRead sees the replica at exactly the update's To while commits
+// stream in, so that the view-syncer needs no second look.
+func TestSubscription_NextRead(t *testing.T) {
+	e := newEnv(t)
+	e.initialSync(0)
+	file := tempFile(t)
+	r := e.start(e.config(file))
+	r.waitWM(t, e.Version)
+	s := r.c.Subscribe()
+	defer s.Close()
+	db, err := sql.Open("sqlite", "file:"+file+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+
+	const txs = 1000
+	last := make(chan string, 1)
+	go func() {
+		for i := range txs {
+			e.tx(ins(issue(fmt.Sprintf("r%03d", i), "t", i)))
+		}
+		last <- e.WM
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var final string
+	updates, mismatches := 0, 0
+	for {
+		var seen string
+		u, err := s.NextRead(ctx, func() error {
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			// A slow begin widens the window a commit could land in.
+			time.Sleep(time.Millisecond)
+			st, err := projreplica.LoadState(ctx, tx)
+			seen = st.Watermark
+			return err
+		})
+		if err != nil {
+			t.Fatalf("NextRead: %v", err)
+		}
+		updates++
+		if seen != u.To {
+			mismatches++
+			t.Errorf("update %d: read watermark %s; the update says %s", updates, seen, u.To)
+		}
+		select {
+		case final = <-last:
+		default:
+		}
+		if final != "" && u.To == final {
+			break
+		}
+	}
+	t.Logf("%d updates for %d transactions, %d mismatches", updates, txs, mismatches)
 }

@@ -55,12 +55,20 @@ const (
 // evictInterval is how often Run looks for queries whose TTL ran out.
 const evictInterval = 50 * time.Millisecond
 
+// ReplicaFeed is what the server needs of the consumer that keeps
+// ReplicaFile (a *replica.Consumer): where the replica stands, and a
+// subscription to its changed rows.
+type ReplicaFeed interface {
+	State() projreplica.State
+	Subscribe() *replica.Subscription
+}
+
 // Config configures a Server.
 type Config struct {
 	// ReplicaFile is the SQLite replica Replica keeps.
 	ReplicaFile string
 	// Replica tells the server when the replica advances.
-	Replica *replica.Consumer
+	Replica ReplicaFeed
 	// Shard names the app's internal tables (<app>_<num>.clients).
 	Shard streams.Shard
 	// AuthSecret is ZERO_AUTH_SECRET: when set, tokens are verified as
@@ -295,58 +303,55 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	}
 	for {
-		u, err := sub.Next(ctx)
+		// The snapshot's connection is taken before the wait: commits wait
+		// while the snapshot begins, and must not wait for the pool too.
+		var conn *sql.Conn
+		if s.cfg.Replica.State().Watermark != "" {
+			c, err := s.db.Conn(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("take a replica connection", "err", err)
+			}
+			conn = c
+		}
+		var snap *snapshot
+		u, err := sub.NextRead(ctx, func() (err error) {
+			snap, err = s.beginSnapshot(ctx, conn)
+			return err
+		})
+		if snap == nil && conn != nil {
+			_ = conn.Close()
+		}
+		if err == nil && snap != nil {
+			snap, err = s.finishSnapshot(ctx, snap)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("replica subscription: %w", err)
-		}
-		if err := s.advance(ctx, sub, u); err != nil {
-			if ctx.Err() != nil {
-				return nil
+			if errors.Is(err, replica.ErrClosed) {
+				return fmt.Errorf("replica subscription: %w", err)
 			}
 			s.log.Error("advance", "err", err)
+			continue
+		}
+		if snap != nil {
+			s.advance(ctx, snap, u)
 		}
 	}
 }
 
-// advance opens a snapshot at u.To (taking in later updates until the
-// snapshot and the updates agree) and advances each group to it.
-func (s *Server) advance(ctx context.Context, sub *replica.Subscription, u replica.Update) error {
-	changed := &changeSet{tables: map[string]bool{}}
-	changed.add(u.Changes)
-	reset := u.Reset
-	for {
-		snap, err := s.openSnapshot(ctx)
-		if err != nil {
-			return err
-		}
-		if snap == nil {
-			return nil
-		}
-		if snap.version == u.To || reset {
-			snap.from = u.From
-			if reset {
-				changed = nil
-			}
-			s.metrics.advances.Inc()
-			s.advanceGroups(ctx, snap, changed)
-			return nil
-		}
-		snap.close()
-		// The snapshot saw commits the subscription has not told yet: they
-		// are published right after commit, so Next returns soon.
-		next, err := sub.Next(ctx)
-		if err != nil {
-			return err
-		}
-		if !reset && !next.Reset {
-			changed.add(next.Changes)
-		}
-		reset = reset || next.Reset
-		u.To = next.To
+// advance advances each group to snap, which reads the replica at exactly
+// u.To (Subscription.NextRead): the subscription says what changed, and
+// the snapshot is the one watermark the groups move to.
+func (s *Server) advance(ctx context.Context, snap *snapshot, u replica.Update) {
+	var changed *changeSet
+	if !u.Reset {
+		changed = &changeSet{tables: map[string]bool{}}
+		changed.add(u.Changes)
 	}
+	snap.from = u.From
+	s.metrics.advances.Inc()
+	s.advanceGroups(ctx, snap, changed)
 }
 
 // advanceGroups advances every group to snap, in parallel: each worker
@@ -442,7 +447,10 @@ func (s *Server) groupList() []*group {
 
 // snapshot is one consistent read of the replica.
 type snapshot struct {
-	tx             *sql.Tx
+	tx *sql.Tx
+	// conn, if not nil, is the pool connection tx runs on, given back by
+	// close.
+	conn           *sql.Conn
 	version        string
 	replicaVersion string
 	schema         *schema
@@ -453,7 +461,12 @@ type snapshot struct {
 	from string
 }
 
-func (sn *snapshot) close() { _ = sn.tx.Rollback() }
+func (sn *snapshot) close() {
+	_ = sn.tx.Rollback()
+	if sn.conn != nil {
+		_ = sn.conn.Close()
+	}
+}
 
 // openSnapshotLike opens another read transaction at like's watermark,
 // sharing its schema and rules; nil means the replica is past it already.
@@ -468,17 +481,35 @@ func (s *Server) openSnapshotLike(ctx context.Context, like *snapshot) (*snapsho
 		return nil, err
 	}
 	sn := *like
-	sn.tx = tx
+	sn.tx, sn.conn = tx, nil
 	return &sn, nil
 }
 
 // openSnapshot opens a read transaction on the replica; nil means there is
 // no replica yet.
 func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
+	snap, err := s.beginSnapshot(ctx, nil)
+	if err != nil || snap == nil {
+		return nil, err
+	}
+	return s.finishSnapshot(ctx, snap)
+}
+
+// beginSnapshot begins a read transaction and reads the replica's state,
+// which fixes what the transaction sees; nil means there is no replica
+// yet. It is quick, since the replica's commits may be waiting for it. It
+// runs on conn, if not nil, which the snapshot then closes.
+func (s *Server) beginSnapshot(ctx context.Context, conn *sql.Conn) (*snapshot, error) {
 	if s.cfg.Replica.State().Watermark == "" {
 		return nil, nil
 	}
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	var tx *sql.Tx
+	var err error
+	if conn != nil {
+		tx, err = conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	} else {
+		tx, err = s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("begin replica read: %w", err)
 	}
@@ -491,19 +522,24 @@ func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
 		_ = tx.Rollback()
 		return nil, nil
 	}
+	return &snapshot{tx: tx, conn: conn, version: st.Watermark, replicaVersion: st.ReplicaVersion, from: st.Watermark}, nil
+}
+
+// finishSnapshot loads the schema and read rules at snap, or closes it.
+func (s *Server) finishSnapshot(ctx context.Context, snap *snapshot) (*snapshot, error) {
 	s.loadMu.Lock()
 	defer s.loadMu.Unlock()
 	s.mu.Lock()
 	prev, prevPerms := s.schema, s.perms
 	s.mu.Unlock()
-	sch, err := loadSchema(ctx, tx, prev)
+	sch, err := loadSchema(ctx, snap.tx, prev)
 	if err != nil {
-		_ = tx.Rollback()
+		snap.close()
 		return nil, err
 	}
-	perms, err := loadPermissions(ctx, tx, s.permsTable, sch, prevPerms)
+	perms, err := loadPermissions(ctx, snap.tx, s.permsTable, sch, prevPerms)
 	if err != nil {
-		_ = tx.Rollback()
+		snap.close()
 		return nil, err
 	}
 	if perms == noPermissions && prevPerms != noPermissions {
@@ -512,7 +548,8 @@ func (s *Server) openSnapshot(ctx context.Context) (*snapshot, error) {
 	s.mu.Lock()
 	s.schema, s.perms = sch, perms
 	s.mu.Unlock()
-	return &snapshot{tx: tx, version: st.Watermark, replicaVersion: st.ReplicaVersion, schema: sch, perms: perms, from: st.Watermark}, nil
+	snap.schema, snap.perms = sch, perms
+	return snap, nil
 }
 
 // lmidsAST is the internal query for a group's rows of the clients table,

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/viewsyncer"
@@ -83,10 +83,10 @@ func (a *syncFlags) registerAPI(fs *flag.FlagSet, e *env) {
 		fs.Var(list{&ep.e.AllowedClientHeaders}, ep.flag+"-allowed-client-headers", "comma-separated header names the client's own "+ep.flag+" headers may set ["+ep.env+"_ALLOWED_CLIENT_HEADERS]")
 		fs.Var(list{&ep.e.AllowedRequestHeaders}, ep.flag+"-allowed-request-headers", "comma-separated header names copied from the upgrade request to the "+ep.flag+" endpoint ["+ep.env+"_ALLOWED_REQUEST_HEADERS]")
 	}
-	a.revalidate = e.units(connctx.EnvRevalidateInterval, connctx.DefaultRevalidateInterval, time.Second)
-	fs.Var(units{&a.revalidate, time.Second}, "auth-revalidate-interval-seconds", "seconds after which a validated connection's credentials are checked again with the query endpoint; 0 disables ["+connctx.EnvRevalidateInterval+"]")
-	a.retransform = e.units(connctx.EnvRetransformInterval, connctx.DefaultRetransformInterval, time.Second)
-	fs.Var(units{&a.retransform, time.Second}, "auth-retransform-interval-seconds", "seconds between re-transforms of a client group's synced queries with its background connection's credentials; 0 disables ["+connctx.EnvRetransformInterval+"]")
+	a.revalidate = e.units(auth.EnvRevalidateInterval, auth.DefaultRevalidateInterval, time.Second)
+	fs.Var(units{&a.revalidate, time.Second}, "auth-revalidate-interval-seconds", "seconds after which a validated connection's credentials are checked again with the query endpoint; 0 disables ["+auth.EnvRevalidateInterval+"]")
+	a.retransform = e.units(auth.EnvRetransformInterval, auth.DefaultRetransformInterval, time.Second)
+	fs.Var(units{&a.retransform, time.Second}, "auth-retransform-interval-seconds", "seconds between re-transforms of a client group's synced queries with its background connection's credentials; 0 disables ["+auth.EnvRetransformInterval+"]")
 }
 
 // list is a comma-separated list flag.

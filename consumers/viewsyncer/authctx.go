@@ -5,7 +5,7 @@ import (
 	"errors"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 )
 
 // connAuth is a connection's resolved token: the raw string forwarded to
@@ -23,15 +23,15 @@ type endpoint struct {
 }
 
 type (
-	authManager = connctx.Manager[connAuth, endpoint, endpoint]
-	authConn    = connctx.Conn[connAuth, endpoint, endpoint]
+	authManager = auth.Manager[connAuth, endpoint, endpoint]
+	authConn    = auth.Conn[connAuth, endpoint, endpoint]
 )
 
 // newAuthManager returns a group's connection context manager. Its timer
 // only signals g.maint; Run's evict loop then runs the maintenance under
 // the group's lock.
 func (s *Server) newAuthManager(g *group) *authManager {
-	m, err := connctx.New[connAuth, endpoint, endpoint](connctx.Config{
+	m, err := auth.NewManager[connAuth, endpoint, endpoint](auth.ManagerConfig{
 		RevalidateInterval:  s.cfg.RevalidateInterval,
 		RetransformInterval: s.cfg.RetransformInterval,
 		Clock:               s.cfg.Clock,
@@ -50,15 +50,15 @@ func (s *Server) newAuthManager(g *group) *authManager {
 }
 
 // selector is the connection's key in the group's auth manager.
-func (c *conn) selector() connctx.Selector {
-	return connctx.Selector{ClientID: c.clientID, WSID: c.wsID}
+func (c *conn) selector() auth.Selector {
+	return auth.Selector{ClientID: c.clientID, WSID: c.wsID}
 }
 
-func userOf(id string) connctx.User {
+func userOf(id string) auth.User {
 	if id == "" {
-		return connctx.User{}
+		return auth.User{}
 	}
-	return connctx.UserOf(id)
+	return auth.UserOf(id)
 }
 
 // apiConn is what a request to the API server carries for the connection
@@ -70,10 +70,10 @@ func (c *conn) apiConn(ac authConn) appapi.Conn {
 }
 
 // validation converts the API server's vouching into the manager's.
-func validation(v appapi.Validation) connctx.Validation {
-	out := connctx.Validation{Server: v.Server}
+func validation(v appapi.Validation) auth.Validation {
+	out := auth.Validation{Server: v.Server}
 	if v.UserID != nil {
-		out.UserID = connctx.UserOf(*v.UserID)
+		out.UserID = auth.UserOf(*v.UserID)
 	}
 	return out
 }
@@ -86,13 +86,13 @@ func classify(err error) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &f) && f.Auth():
-		return connctx.AuthError(err)
+		return auth.AuthError(err)
 	case errors.As(err, &f):
-		return connctx.TransientError(err)
+		return auth.TransientError(err)
 	}
-	var ce *connctx.Error
-	if errors.As(err, &ce) && ce.Kind == connctx.KindUnauthorized {
-		return connctx.AuthError(err)
+	var ce *auth.Error
+	if errors.As(err, &ce) && ce.Kind == auth.KindUnauthorized {
+		return auth.AuthError(err)
 	}
 	return err
 }
@@ -105,7 +105,7 @@ func (g *group) validateConn(ctx context.Context, c *conn) error {
 	if err != nil {
 		return err
 	}
-	v := connctx.Validation{}
+	v := auth.Validation{}
 	if g.s.api != nil {
 		av, err := g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
 		if err != nil {
@@ -139,27 +139,27 @@ type effects struct {
 	err error // a sync error that is not the API server's: fatal
 }
 
-func (e *effects) Revalidate(ctx context.Context, ac authConn) (connctx.Validation, error) {
+func (e *effects) Revalidate(ctx context.Context, ac authConn) (auth.Validation, error) {
 	g := e.g
 	c := g.connOf(ac)
 	if c == nil {
-		return connctx.Validation{}, connctx.TransientError(errors.New("connection gone"))
+		return auth.Validation{}, auth.TransientError(errors.New("connection gone"))
 	}
 	if g.s.api == nil {
-		return connctx.Validation{}, nil
+		return auth.Validation{}, nil
 	}
 	v, err := g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
 	if err != nil {
-		return connctx.Validation{}, classify(err)
+		return auth.Validation{}, classify(err)
 	}
 	return validation(v), nil
 }
 
-func (e *effects) Retransform(ctx context.Context, ac authConn) (*connctx.Validation, error) {
+func (e *effects) Retransform(ctx context.Context, ac authConn) (*auth.Validation, error) {
 	g := e.g
 	c := g.connOf(ac)
 	if c == nil {
-		return nil, connctx.TransientError(errors.New("connection gone"))
+		return nil, auth.TransientError(errors.New("connection gone"))
 	}
 	snap, err := g.s.openSnapshot(ctx)
 	if err != nil || snap == nil {

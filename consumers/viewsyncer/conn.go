@@ -16,7 +16,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
@@ -317,7 +317,7 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 func expectedError(err error) bool {
 	var perr *protocolError
 	var f *appapi.Failure
-	var ce *connctx.Error
+	var ce *auth.Error
 	return errors.As(err, &perr) || errors.As(err, &f) || errors.As(err, &ce)
 }
 

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
@@ -32,7 +32,7 @@ func (g *group) viaConn(c *conn, all bool) (*via, error) {
 // snap. It returns the validation an uncached transform response gave, nil
 // when there was none. A failed transform leaves the group as it was: its
 // error (a *appapi.Failure) is for v's client, not the group's.
-func (g *group) syncVia(ctx context.Context, snap *snapshot, v *via) (*connctx.Validation, error) {
+func (g *group) syncVia(ctx context.Context, snap *snapshot, v *via) (*auth.Validation, error) {
 	val, err := g.transform(ctx, v, g.ttlClock(time.Now()))
 	if err != nil {
 		return nil, err
@@ -68,7 +68,7 @@ func (g *group) checkTransformed(snap *snapshot) error {
 // with v's credentials, as zero-cache's #syncQueryPipelineSet does: an AST
 // replaces the query's, a per-query error removes the query's pipeline
 // (on the next sync) and goes to the clients that want it as transformError.
-func (g *group) transform(ctx context.Context, v *via, clock float64) (*connctx.Validation, error) {
+func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Validation, error) {
 	if v == nil {
 		return nil, nil
 	}
@@ -143,7 +143,7 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*connctx.
 
 // validateVia records the validation a transform through v gave. A
 // refusal (another user than the group's) fails v's connection.
-func (g *group) validateVia(v *via, val *connctx.Validation) error {
+func (g *group) validateVia(v *via, val *auth.Validation) error {
 	if v == nil || val == nil {
 		return nil
 	}
@@ -176,9 +176,9 @@ func errorFrame(err error) (body any, code int, message string) {
 		}
 		return f, code, f.Message
 	}
-	var ce *connctx.Error
+	var ce *auth.Error
 	if errors.As(err, &ce) {
-		if ce.Kind == connctx.KindUnauthorized {
+		if ce.Kind == auth.KindUnauthorized {
 			return authError(ce.Kind, ce.Message), closeAuth, ce.Message
 		}
 		p := newProtocolError(ce.Kind, "%s", ce.Message)

@@ -28,7 +28,7 @@ import (
 	_ "modernc.org/sqlite" // the replica's driver
 
 	"github.com/jetsync/jetsync/consumers/appapi"
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/zql"
@@ -112,7 +112,7 @@ type Config struct {
 	// connection's. 0 disables either.
 	RevalidateInterval, RetransformInterval time.Duration
 	// Clock drives auth maintenance; nil means the system clock.
-	Clock connctx.Clock
+	Clock auth.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, gets the server's metrics.
@@ -167,7 +167,7 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	if err := (connctx.Config{RevalidateInterval: c.RevalidateInterval, RetransformInterval: c.RetransformInterval}).Validate(); err != nil {
+	if err := (auth.ManagerConfig{RevalidateInterval: c.RevalidateInterval, RetransformInterval: c.RetransformInterval}).Validate(); err != nil {
 		return err
 	}
 	if err := c.apiConfig().Validate(); err != nil {

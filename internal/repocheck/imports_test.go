@@ -49,7 +49,7 @@ var importExceptions = map[string]string{
 }
 
 // isTestHelper reports a package that exists for tests only: its name ends
-// in "test" (natstest, pgtest, backuptest, streamstest, connctxtest).
+// in "test" (natstest, pgtest, backuptest, streamstest, authtest).
 func isTestHelper(rel string) bool {
 	return strings.HasSuffix(path.Base(rel), "test") && path.Base(rel) != "test"
 }

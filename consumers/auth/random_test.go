@@ -1,4 +1,4 @@
-package connctx_test
+package auth_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 )
 
 // TestManager_Random runs random operations on a fake clock and checks the
@@ -19,12 +19,12 @@ func TestManager_Random(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 0))
 			h := newHarness(t, intervals[r.IntN(4)], intervals[r.IntN(4)])
-			failed := map[connctx.Selector]bool{}
+			failed := map[auth.Selector]bool{}
 			ws := 0
-			pick := func() connctx.Selector {
+			pick := func() auth.Selector {
 				cs := h.m.Conns()
 				if len(cs) == 0 || r.IntN(10) == 0 {
-					return connctx.Selector{ClientID: fmt.Sprint("c", r.IntN(5)), WSID: "gone"}
+					return auth.Selector{ClientID: fmt.Sprint("c", r.IntN(5)), WSID: "gone"}
 				}
 				return cs[r.IntN(len(cs))].Selector
 			}
@@ -36,9 +36,9 @@ func TestManager_Random(t *testing.T) {
 				switch r.IntN(12) {
 				case 0, 1:
 					ws++
-					s = connctx.Selector{ClientID: fmt.Sprint("c", r.IntN(5)), WSID: fmt.Sprint("ws", ws)}
+					s = auth.Selector{ClientID: fmt.Sprint("c", r.IntN(5)), WSID: fmt.Sprint("ws", ws)}
 					user := []string{"u1", "u1", "u1", "u2"}[r.IntN(4)]
-					h.m.Register(s, connctx.UserOf(user), "t", "q", "m")
+					h.m.Register(s, auth.UserOf(user), "t", "q", "m")
 					op = "register " + s.WSID + " " + user
 				case 2:
 					h.m.InitConnection(s, "q", "m")
@@ -47,9 +47,9 @@ func TestManager_Random(t *testing.T) {
 					h.m.UpdateAuth(s, fmt.Sprint("t", step), r.IntN(2) == 0)
 					op = "updateAuth"
 				case 4, 5:
-					v := connctx.Validation{}
+					v := auth.Validation{}
 					if r.IntN(4) == 0 {
-						v = connctx.Validation{Server: true, UserID: connctx.UserOf("u1")}
+						v = auth.Validation{Server: true, UserID: auth.UserOf("u1")}
 					}
 					h.m.Validate(s, c.Revision-r.IntN(2), v)
 					op = "validate"
@@ -65,17 +65,17 @@ func TestManager_Random(t *testing.T) {
 					h.m.SetRetransformReady(r.IntN(3) != 0)
 					op = "ready"
 				case 9:
-					h.m.Defer(connctx.Kind(r.IntN(2)))
+					h.m.Defer(auth.Kind(r.IntN(2)))
 					op = "defer"
 				case 10:
 					h.eff.revalidate[s.ClientID] = errs[r.IntN(len(errs))]
 					h.eff.retransform[s.ClientID] = errs[r.IntN(len(errs))]
 					if r.IntN(8) == 0 {
-						h.eff.serverUser[s.ClientID] = connctx.UserOf("u2")
+						h.eff.serverUser[s.ClientID] = auth.UserOf("u2")
 					} else {
 						delete(h.eff.serverUser, s.ClientID)
 					}
-					if ok := c.Selector == s; ok && c.State == connctx.Provisional {
+					if ok := c.Selector == s; ok && c.State == auth.Provisional {
 						h.m.RetransformConn(t.Context(), h.eff, c)
 					}
 					op = "effects"
@@ -94,7 +94,7 @@ func TestManager_Random(t *testing.T) {
 	}
 }
 
-func checkInvariants(t *testing.T, h *harness, failed map[connctx.Selector]bool, at string) {
+func checkInvariants(t *testing.T, h *harness, failed map[auth.Selector]bool, at string) {
 	t.Helper()
 	now := h.clock.Now()
 	p := h.m.Plan()
@@ -115,14 +115,14 @@ func checkInvariants(t *testing.T, h *harness, failed map[connctx.Selector]bool,
 	if g.HasBackground != hasBG {
 		t.Fatalf("%s: group background %v resolves to nothing", at, g.Background)
 	}
-	if hasBG && (bg.State != connctx.Validated || failed[bg.Selector]) {
+	if hasBG && (bg.State != auth.Validated || failed[bg.Selector]) {
 		t.Fatalf("%s: background %+v is not a live validated connection", at, bg)
 	}
 	for _, c := range h.m.Conns() {
 		if failed[c.Selector] {
 			t.Fatalf("%s: failed connection %v still has a record", at, c.Selector)
 		}
-		if c.State == connctx.Provisional && !c.RevalidateAt.IsZero() {
+		if c.State == auth.Provisional && !c.RevalidateAt.IsZero() {
 			t.Fatalf("%s: provisional %v has a revalidation deadline", at, c.Selector)
 		}
 	}
@@ -133,7 +133,7 @@ func checkInvariants(t *testing.T, h *harness, failed map[connctx.Selector]bool,
 // throughout; run it under -race.
 func TestManager_Concurrent(t *testing.T) {
 	wake := make(chan struct{}, 1)
-	m, err := connctx.New[string, string, string](connctx.Config{
+	m, err := auth.NewManager[string, string, string](auth.ManagerConfig{
 		RevalidateInterval:  time.Millisecond,
 		RetransformInterval: 2 * time.Millisecond,
 		Logger:              quiet,
@@ -173,18 +173,18 @@ func TestManager_Concurrent(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(w), 7))
 			for i := 0; i < 2000 || (eff.count() < 30 && time.Now().Before(deadline)); i++ {
 				// Workers share clients but rarely sockets, so most operations are live.
-				s := connctx.Selector{ClientID: fmt.Sprint("c", r.IntN(6)), WSID: fmt.Sprint("w", w%2, "-", r.IntN(2))}
+				s := auth.Selector{ClientID: fmt.Sprint("c", r.IntN(6)), WSID: fmt.Sprint("w", w%2, "-", r.IntN(2))}
 				c, _ := m.Conn(s)
 				switch r.IntN(9) {
 				case 0:
-					c = m.Register(s, connctx.UserOf("u1"), "t", "q", "m")
-					m.Validate(s, c.Revision, connctx.Validation{})
+					c = m.Register(s, auth.UserOf("u1"), "t", "q", "m")
+					m.Validate(s, c.Revision, auth.Validation{})
 				case 1:
 					m.InitConnection(s, "q", "m")
 				case 2:
 					m.UpdateAuth(s, fmt.Sprint("t", i), r.IntN(2) == 0)
 				case 3, 4:
-					m.Validate(s, c.Revision, connctx.Validation{})
+					m.Validate(s, c.Revision, auth.Validation{})
 				case 5:
 					m.Fail(s, c.Revision)
 				case 6:
@@ -209,7 +209,7 @@ func TestManager_Concurrent(t *testing.T) {
 	if _, armed := m.NextWake(); armed {
 		t.Error("timer armed after Stop")
 	}
-	if bg, ok := m.Background(); ok && bg.State != connctx.Validated {
+	if bg, ok := m.Background(); ok && bg.State != auth.Validated {
 		t.Errorf("background %+v not validated", bg)
 	}
 	eff.mu.Lock()
@@ -223,7 +223,7 @@ type randomEffects struct {
 	mu     sync.Mutex
 	r      *rand.Rand
 	calls  int
-	failed map[connctx.Selector]bool
+	failed map[auth.Selector]bool
 }
 
 func (e *randomEffects) result() error {
@@ -233,19 +233,19 @@ func (e *randomEffects) result() error {
 	return []error{nil, nil, nil, nil, nil, nil, errUnauthorized, errUnavailable}[e.r.IntN(8)]
 }
 
-func (e *randomEffects) Revalidate(_ context.Context, c conn) (connctx.Validation, error) {
-	return connctx.Validation{}, e.result()
+func (e *randomEffects) Revalidate(_ context.Context, c conn) (auth.Validation, error) {
+	return auth.Validation{}, e.result()
 }
 
-func (e *randomEffects) Retransform(_ context.Context, c conn) (*connctx.Validation, error) {
-	return &connctx.Validation{}, e.result()
+func (e *randomEffects) Retransform(_ context.Context, c conn) (*auth.Validation, error) {
+	return &auth.Validation{}, e.result()
 }
 
 func (e *randomEffects) FailConnection(c conn, _ error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.failed == nil {
-		e.failed = map[connctx.Selector]bool{}
+		e.failed = map[auth.Selector]bool{}
 	}
 	e.failed[c.Selector] = true
 }

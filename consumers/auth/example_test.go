@@ -1,38 +1,38 @@
-package connctx_test
+package auth_test
 
 import (
 	"context"
 	"fmt"
 	"time"
 
-	"github.com/jetsync/jetsync/consumers/connctx"
-	"github.com/jetsync/jetsync/consumers/connctx/connctxtest"
+	"github.com/jetsync/jetsync/consumers/auth"
+	"github.com/jetsync/jetsync/consumers/auth/authtest"
 )
 
 // apiServer stands in for the view-syncer's effects: it rejects client b's token.
 type apiServer struct{}
 
-func (apiServer) Revalidate(_ context.Context, c conn) (connctx.Validation, error) {
+func (apiServer) Revalidate(_ context.Context, c conn) (auth.Validation, error) {
 	fmt.Println("revalidate", c.ClientID)
 	if c.Auth == "token-b" {
-		return connctx.Validation{}, connctx.AuthError(fmt.Errorf("TransformFailed: http 401"))
+		return auth.Validation{}, auth.AuthError(fmt.Errorf("TransformFailed: http 401"))
 	}
-	return connctx.Validation{}, nil
+	return auth.Validation{}, nil
 }
 
-func (apiServer) Retransform(_ context.Context, c conn) (*connctx.Validation, error) {
+func (apiServer) Retransform(_ context.Context, c conn) (*auth.Validation, error) {
 	fmt.Println("retransform with", c.ClientID)
-	return &connctx.Validation{}, nil
+	return &auth.Validation{}, nil
 }
 
 func (apiServer) FailConnection(c conn, err error) { fmt.Println("fail", c.ClientID+":", err) }
 
 func Example() {
-	clock := connctxtest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	clock := authtest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	wake := make(chan struct{}, 1)
-	m, _ := connctx.New[string, string, string](connctx.Config{
-		RevalidateInterval:  connctx.DefaultRevalidateInterval,
-		RetransformInterval: connctx.DefaultRetransformInterval,
+	m, _ := auth.NewManager[string, string, string](auth.ManagerConfig{
+		RevalidateInterval:  auth.DefaultRevalidateInterval,
+		RetransformInterval: auth.DefaultRetransformInterval,
 		Clock:               clock,
 		Logger:              quiet,
 		// A view-syncer queues the wake-up for its group lock.
@@ -44,10 +44,10 @@ func Example() {
 		},
 	})
 	for _, id := range []string{"a", "b"} {
-		s := connctx.Selector{ClientID: id, WSID: "ws1"}
-		m.Register(s, connctx.UserOf("u1"), "token-"+id, "query-ctx", "mutate-ctx")
+		s := auth.Selector{ClientID: id, WSID: "ws1"}
+		m.Register(s, auth.UserOf("u1"), "token-"+id, "query-ctx", "mutate-ctx")
 		c, _ := m.InitConnection(s, "query-ctx", "mutate-ctx")
-		m.Validate(s, c.Revision, connctx.Validation{}) // after the initConnection check
+		m.Validate(s, c.Revision, auth.Validation{}) // after the initConnection check
 	}
 	m.SetRetransformReady(true) // pipelines synced
 	at, _ := m.NextWake()

@@ -1,4 +1,4 @@
-package connctx_test
+package auth_test
 
 import (
 	"context"
@@ -9,14 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetsync/jetsync/consumers/connctx"
-	"github.com/jetsync/jetsync/consumers/connctx/connctxtest"
+	"github.com/jetsync/jetsync/consumers/auth"
+	"github.com/jetsync/jetsync/consumers/auth/authtest"
 )
 
 // The tests use strings for the caller's auth, query and mutate contexts.
 type (
-	manager = connctx.Manager[string, string, string]
-	conn    = connctx.Conn[string, string, string]
+	manager = auth.Manager[string, string, string]
+	conn    = auth.Conn[string, string, string]
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -24,44 +24,44 @@ var quiet = slog.New(slog.DiscardHandler)
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 var (
-	errUnauthorized = connctx.AuthError(errors.New("TransformFailed: http 401"))
-	errUnavailable  = connctx.TransientError(errors.New("TransformFailed: http 503"))
+	errUnauthorized = auth.AuthError(errors.New("TransformFailed: http 401"))
+	errUnavailable  = auth.TransientError(errors.New("TransformFailed: http 503"))
 )
 
-// effects is a scripted connctx.Effects: results come from per-client maps
+// effects is a scripted auth.Effects: results come from per-client maps
 // (nil error and a client-fallback validation by default) and every call is
 // recorded.
 type effects struct {
 	mu          sync.Mutex
 	revalidate  map[string]error
 	retransform map[string]error
-	serverUser  map[string]connctx.User // a server-validated userID, when set
-	cached      bool                    // Retransform answers from the cache
+	serverUser  map[string]auth.User // a server-validated userID, when set
+	cached      bool                 // Retransform answers from the cache
 	// during, when set, runs inside every Revalidate and Retransform call,
 	// where the view-syncer's lock is held but the Manager's is not.
 	during func(c conn)
 
 	calls     []string
 	failed    []string // clientIDs
-	failedSel []connctx.Selector
+	failedSel []auth.Selector
 }
 
 func newEffects() *effects {
 	return &effects{
 		revalidate:  map[string]error{},
 		retransform: map[string]error{},
-		serverUser:  map[string]connctx.User{},
+		serverUser:  map[string]auth.User{},
 	}
 }
 
-func (e *effects) validation(c conn) connctx.Validation {
+func (e *effects) validation(c conn) auth.Validation {
 	if u, ok := e.serverUser[c.ClientID]; ok {
-		return connctx.Validation{Server: true, UserID: u}
+		return auth.Validation{Server: true, UserID: u}
 	}
-	return connctx.Validation{}
+	return auth.Validation{}
 }
 
-func (e *effects) Revalidate(_ context.Context, c conn) (connctx.Validation, error) {
+func (e *effects) Revalidate(_ context.Context, c conn) (auth.Validation, error) {
 	e.mu.Lock()
 	e.calls = append(e.calls, fmt.Sprintf("revalidate %s@%d", c.ClientID, c.Revision))
 	err, v, during := e.revalidate[c.ClientID], e.validation(c), e.during
@@ -72,7 +72,7 @@ func (e *effects) Revalidate(_ context.Context, c conn) (connctx.Validation, err
 	return v, err
 }
 
-func (e *effects) Retransform(_ context.Context, c conn) (*connctx.Validation, error) {
+func (e *effects) Retransform(_ context.Context, c conn) (*auth.Validation, error) {
 	e.mu.Lock()
 	e.calls = append(e.calls, fmt.Sprintf("retransform %s@%d", c.ClientID, c.Revision))
 	err, v, during, cached := e.retransform[c.ClientID], e.validation(c), e.during, e.cached
@@ -111,7 +111,7 @@ func (e *effects) failures() []string {
 // synchronously inside Clock.Advance.
 type harness struct {
 	t     *testing.T
-	clock *connctxtest.Clock
+	clock *authtest.Clock
 	eff   *effects
 	m     *manager
 	wakes int
@@ -119,8 +119,8 @@ type harness struct {
 
 func newHarness(t *testing.T, revalidate, retransform time.Duration) *harness {
 	t.Helper()
-	h := &harness{t: t, clock: connctxtest.NewClock(t0), eff: newEffects()}
-	m, err := connctx.New[string, string, string](connctx.Config{
+	h := &harness{t: t, clock: authtest.NewClock(t0), eff: newEffects()}
+	m, err := auth.NewManager[string, string, string](auth.ManagerConfig{
 		RevalidateInterval:  revalidate,
 		RetransformInterval: retransform,
 		Clock:               h.clock,
@@ -133,15 +133,15 @@ func newHarness(t *testing.T, revalidate, retransform time.Duration) *harness {
 		},
 	})
 	if err != nil {
-		t.Fatalf("New: %v", err)
+		t.Fatalf("NewManager: %v", err)
 	}
 	h.m = m
 	t.Cleanup(m.Stop)
 	return h
 }
 
-func sel(client string) connctx.Selector {
-	return connctx.Selector{ClientID: client, WSID: "ws-" + client}
+func sel(client string) auth.Selector {
+	return auth.Selector{ClientID: client, WSID: "ws-" + client}
 }
 
 // connect registers client for user, applies its initConnection and
@@ -149,12 +149,12 @@ func sel(client string) connctx.Selector {
 func (h *harness) connect(client, user string) conn {
 	h.t.Helper()
 	s := sel(client)
-	h.m.Register(s, connctx.UserOf(user), "token-"+client, "q", "m")
+	h.m.Register(s, auth.UserOf(user), "token-"+client, "q", "m")
 	c, err := h.m.InitConnection(s, "q-init", "m-init")
 	if err != nil {
 		h.t.Fatalf("InitConnection(%v): %v", s, err)
 	}
-	c, ok, err := h.m.Validate(s, c.Revision, connctx.Validation{})
+	c, ok, err := h.m.Validate(s, c.Revision, auth.Validation{})
 	if err != nil || !ok {
 		h.t.Fatalf("Validate(%v) = %v, %v", s, ok, err)
 	}

@@ -1,4 +1,4 @@
-package connctx_test
+package auth_test
 
 import (
 	"errors"
@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/jetsync/jetsync/consumers/connctx"
-	"github.com/jetsync/jetsync/consumers/connctx/connctxtest"
+	"github.com/jetsync/jetsync/consumers/auth"
+	"github.com/jetsync/jetsync/consumers/auth/authtest"
 )
 
 const (
@@ -30,7 +30,7 @@ func TestManager_EarliestDeadlineWins(t *testing.T) {
 		{"RetransformNotReady", 300 * sec, 100 * sec, false, 300 * sec},
 		{"RetransformOnly", 0, 100 * sec, true, 100 * sec},
 		{"BothDisabled", 0, 0, true, none},
-		{"Defaults", connctx.DefaultRevalidateInterval, connctx.DefaultRetransformInterval, true, 300 * sec},
+		{"Defaults", auth.DefaultRevalidateInterval, auth.DefaultRetransformInterval, true, 300 * sec},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, tc.revalidate, tc.retransform)
@@ -71,19 +71,19 @@ func TestManager_StaleRevision(t *testing.T) {
 	t.Run("Validate", func(t *testing.T) {
 		h := newHarness(t, 300*sec, 0)
 		s := sel("a")
-		c0 := h.m.Register(s, connctx.UserOf("u1"), "tok", "q", "m")
+		c0 := h.m.Register(s, auth.UserOf("u1"), "tok", "q", "m")
 		c1, _ := h.m.InitConnection(s, "q", "m")
-		if _, ok, err := h.m.Validate(s, c0.Revision, connctx.Validation{}); ok || err != nil {
+		if _, ok, err := h.m.Validate(s, c0.Revision, auth.Validation{}); ok || err != nil {
 			t.Fatalf("Validate(stale rev %d) = %v, %v; want ignored", c0.Revision, ok, err)
 		}
-		if c, _ := h.m.Conn(s); c.State != connctx.Provisional {
+		if c, _ := h.m.Conn(s); c.State != auth.Provisional {
 			t.Fatalf("state after stale Validate = %v; want provisional", c.State)
 		}
-		if _, ok, err := h.m.Validate(s, c1.Revision, connctx.Validation{}); !ok || err != nil {
+		if _, ok, err := h.m.Validate(s, c1.Revision, auth.Validation{}); !ok || err != nil {
 			t.Fatalf("Validate(rev %d) = %v, %v; want applied", c1.Revision, ok, err)
 		}
 		// Another socket of the same client is a different record.
-		if _, ok, _ := h.m.Validate(connctx.Selector{ClientID: "a", WSID: "old"}, c1.Revision, connctx.Validation{}); ok {
+		if _, ok, _ := h.m.Validate(auth.Selector{ClientID: "a", WSID: "old"}, c1.Revision, auth.Validation{}); ok {
 			t.Fatal("Validate with another wsID was applied")
 		}
 	})
@@ -104,7 +104,7 @@ func TestManager_StaleRevision(t *testing.T) {
 			t.Fatalf("failed %v; want none", got)
 		}
 		c, ok := h.m.Conn(sel("a"))
-		if !ok || c.State != connctx.Provisional || c.Revision != 2 || c.Auth != "new-token" {
+		if !ok || c.State != auth.Provisional || c.Revision != 2 || c.Auth != "new-token" {
 			t.Fatalf("Conn(a) = %+v, %v; want provisional rev 2 with the new token", c, ok)
 		}
 		if got := h.wake(); got != none {
@@ -117,7 +117,7 @@ func TestManager_StaleRevision(t *testing.T) {
 		h.connect("a", "u1")
 		h.eff.during = func(c conn) { h.m.UpdateAuth(c.Selector, "new-token", true) }
 		h.clock.Advance(300 * sec)
-		if c, _ := h.m.Conn(sel("a")); c.State != connctx.Provisional {
+		if c, _ := h.m.Conn(sel("a")); c.State != auth.Provisional {
 			t.Fatalf("state = %v; the old revision's validation was applied", c.State)
 		}
 	})
@@ -202,8 +202,8 @@ func TestManager_DeferPushesDeadlines(t *testing.T) {
 	t.Run("NeverShortens", func(t *testing.T) {
 		h := newHarness(t, 100*sec, 10*sec)
 		h.connect("a", "u1")
-		h.m.Defer(connctx.Revalidation)
-		h.m.Defer(connctx.Retransformation)
+		h.m.Defer(auth.Revalidation)
+		h.m.Defer(auth.Retransformation)
 		if got := h.m.Group().NotBefore.Sub(t0); got != 100*sec {
 			t.Errorf("NotBefore = %v; want 100s (the later of the two)", got)
 		}
@@ -211,7 +211,7 @@ func TestManager_DeferPushesDeadlines(t *testing.T) {
 
 	t.Run("DisabledKindIsNoOp", func(t *testing.T) {
 		h := newHarness(t, 100*sec, 0)
-		h.m.Defer(connctx.Retransformation)
+		h.m.Defer(auth.Retransformation)
 		if nb := h.m.Group().NotBefore; !nb.IsZero() {
 			t.Errorf("NotBefore = %v; want none", nb)
 		}
@@ -223,10 +223,10 @@ func TestManager_BackgroundReplacement(t *testing.T) {
 	setup := func(t *testing.T) *harness {
 		h := newHarness(t, 300*sec, 300*sec)
 		for _, c := range []string{"a", "b", "c"} {
-			h.m.Register(sel(c), connctx.UserOf("u1"), "tok", "q", "m")
+			h.m.Register(sel(c), auth.UserOf("u1"), "tok", "q", "m")
 		}
 		for _, c := range []string{"a", "c", "b"} {
-			if _, ok, err := h.m.Validate(sel(c), 0, connctx.Validation{}); !ok || err != nil {
+			if _, ok, err := h.m.Validate(sel(c), 0, auth.Validation{}); !ok || err != nil {
 				t.Fatalf("Validate(%s) = %v, %v", c, ok, err)
 			}
 		}
@@ -246,8 +246,8 @@ func TestManager_BackgroundReplacement(t *testing.T) {
 		{"UnchangedAuthKeepsIt", func(h *harness) { h.m.UpdateAuth(sel("a"), "tok", false) }, "a"},
 		{"ReplacementIsStickyToo", func(h *harness) {
 			h.m.Fail(sel("a"), 0)
-			h.m.Register(sel("d"), connctx.UserOf("u1"), "tok", "q", "m")
-			h.m.Validate(sel("d"), 0, connctx.Validation{})
+			h.m.Register(sel("d"), auth.UserOf("u1"), "tok", "q", "m")
+			h.m.Validate(sel("d"), 0, auth.Validation{})
 		}, "c"},
 		{"ProvisionalSkipped", func(h *harness) {
 			h.m.UpdateAuth(sel("c"), "new", true)
@@ -255,8 +255,8 @@ func TestManager_BackgroundReplacement(t *testing.T) {
 		}, "b"},
 		{"SecondChoice", func(h *harness) { h.m.Fail(sel("a"), 0); h.m.Fail(sel("c"), 0) }, "b"},
 		{"ReRegisteredClientIsNewest", func(h *harness) {
-			h.m.Register(connctx.Selector{ClientID: "b", WSID: "ws-b2"}, connctx.UserOf("u1"), "tok", "q", "m")
-			h.m.Validate(connctx.Selector{ClientID: "b", WSID: "ws-b2"}, 0, connctx.Validation{})
+			h.m.Register(auth.Selector{ClientID: "b", WSID: "ws-b2"}, auth.UserOf("u1"), "tok", "q", "m")
+			h.m.Validate(auth.Selector{ClientID: "b", WSID: "ws-b2"}, 0, auth.Validation{})
 			h.m.Close(sel("a"))
 		}, "b"},
 		{"NoneLeft", func(h *harness) {
@@ -272,7 +272,7 @@ func TestManager_BackgroundReplacement(t *testing.T) {
 				t.Errorf("background = %q; want %q", got, tc.want)
 			}
 			_, err := h.m.MustBackground()
-			if tc.want == "" && !errors.Is(err, connctx.ErrNoBackground) {
+			if tc.want == "" && !errors.Is(err, auth.ErrNoBackground) {
 				t.Errorf("MustBackground() error = %v; want ErrNoBackground", err)
 			}
 		})
@@ -324,13 +324,13 @@ func TestManager_RetransformRetriesWithReplacement(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, 0, 100*sec)
 			for _, c := range []string{"a", "b", "c"} {
-				h.m.Register(sel(c), connctx.UserOf("u1"), "tok", "q", "m")
-				h.m.Validate(sel(c), 0, connctx.Validation{})
+				h.m.Register(sel(c), auth.UserOf("u1"), "tok", "q", "m")
+				h.m.Validate(sel(c), 0, auth.Validation{})
 			}
 			h.m.SetRetransformReady(true)
 			h.eff.retransform = tc.errs
 			if tc.name == "ServerNamesOtherUser" {
-				h.eff.serverUser["a"] = connctx.UserOf("u2")
+				h.eff.serverUser["a"] = auth.UserOf("u2")
 			}
 			h.clock.Advance(100 * sec)
 			// The replacement is tried at once, in the same round.
@@ -392,32 +392,32 @@ func TestManager_NoTimerWithoutValidatedConnection(t *testing.T) {
 func TestManager_PinnedUser(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		first   connctx.User
-		second  connctx.User
-		v       connctx.Validation
+		first   auth.User
+		second  auth.User
+		v       auth.Validation
 		wantErr error
 	}{
-		{"SameUser", connctx.UserOf("u1"), connctx.UserOf("u1"), connctx.Validation{}, nil},
-		{"OtherUser", connctx.UserOf("u1"), connctx.UserOf("u2"), connctx.Validation{}, connctx.ErrPinnedUser},
-		{"LoggedOutThenUser", connctx.User{}, connctx.UserOf("u1"), connctx.Validation{}, connctx.ErrPinnedUser},
-		{"EmptyIsNotNull", connctx.UserOf(""), connctx.User{}, connctx.Validation{}, connctx.ErrPinnedUser},
-		{"ServerAgrees", connctx.UserOf("u1"), connctx.UserOf("u1"), connctx.Validation{Server: true, UserID: connctx.UserOf("u1")}, nil},
-		{"ServerDisagrees", connctx.UserOf("u1"), connctx.UserOf("u1"), connctx.Validation{Server: true, UserID: connctx.UserOf("u3")}, connctx.ErrServerUserMismatch},
+		{"SameUser", auth.UserOf("u1"), auth.UserOf("u1"), auth.Validation{}, nil},
+		{"OtherUser", auth.UserOf("u1"), auth.UserOf("u2"), auth.Validation{}, auth.ErrPinnedUser},
+		{"LoggedOutThenUser", auth.User{}, auth.UserOf("u1"), auth.Validation{}, auth.ErrPinnedUser},
+		{"EmptyIsNotNull", auth.UserOf(""), auth.User{}, auth.Validation{}, auth.ErrPinnedUser},
+		{"ServerAgrees", auth.UserOf("u1"), auth.UserOf("u1"), auth.Validation{Server: true, UserID: auth.UserOf("u1")}, nil},
+		{"ServerDisagrees", auth.UserOf("u1"), auth.UserOf("u1"), auth.Validation{Server: true, UserID: auth.UserOf("u3")}, auth.ErrServerUserMismatch},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, 300*sec, 0)
 			h.m.Register(sel("a"), tc.first, "t", "q", "m")
-			h.m.Validate(sel("a"), 0, connctx.Validation{})
+			h.m.Validate(sel("a"), 0, auth.Validation{})
 			h.m.Register(sel("b"), tc.second, "t", "q", "m")
 			_, ok, err := h.m.Validate(sel("b"), 0, tc.v)
 			if !errors.Is(err, tc.wantErr) || ok != (tc.wantErr == nil) {
 				t.Fatalf("Validate(b) = %v, %v; want %v", ok, err, tc.wantErr)
 			}
 			if err != nil {
-				if !connctx.IsAuthError(err) {
+				if !auth.IsAuthError(err) {
 					t.Errorf("IsAuthError(%v) = false", err)
 				}
-				if c, _ := h.m.Conn(sel("b")); c.State != connctx.Provisional {
+				if c, _ := h.m.Conn(sel("b")); c.State != auth.Provisional {
 					t.Errorf("refused connection is %v", c.State)
 				}
 			}
@@ -431,8 +431,8 @@ func TestManager_PinnedUser(t *testing.T) {
 		h := newHarness(t, 300*sec, 0)
 		h.connect("a", "u1")
 		h.m.Close(sel("a"))
-		h.m.Register(sel("b"), connctx.UserOf("u2"), "t", "q", "m")
-		if _, _, err := h.m.Validate(sel("b"), 0, connctx.Validation{}); !errors.Is(err, connctx.ErrPinnedUser) {
+		h.m.Register(sel("b"), auth.UserOf("u2"), "t", "q", "m")
+		if _, _, err := h.m.Validate(sel("b"), 0, auth.Validation{}); !errors.Is(err, auth.ErrPinnedUser) {
 			t.Errorf("Validate(b) error = %v; want ErrPinnedUser", err)
 		}
 	})
@@ -441,7 +441,7 @@ func TestManager_PinnedUser(t *testing.T) {
 		h := newHarness(t, 300*sec, 0)
 		h.connect("a", "u1")
 		h.connect("b", "u1")
-		h.eff.serverUser["b"] = connctx.UserOf("u2")
+		h.eff.serverUser["b"] = auth.UserOf("u2")
 		h.clock.Advance(300 * sec)
 		if diff := cmp.Diff([]string{"b"}, h.eff.failures()); diff != "" {
 			t.Errorf("failed (-want +got):\n%s", diff)
@@ -458,7 +458,7 @@ func TestManager_UpdateAuth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Revision != before.Revision+1 || c.State != connctx.Provisional || !c.RevalidateAt.IsZero() || c.Auth != "token-2" {
+		if c.Revision != before.Revision+1 || c.State != auth.Provisional || !c.RevalidateAt.IsZero() || c.Auth != "token-2" {
 			t.Fatalf("UpdateAuth = %+v; want revision %d, provisional, no revalidation", c, before.Revision+1)
 		}
 		if got := h.wake(); got != none {
@@ -473,7 +473,7 @@ func TestManager_UpdateAuth(t *testing.T) {
 			t.Errorf("calls (-want +got):\n%s", diff)
 		}
 		c, _ = h.m.Conn(sel("a"))
-		if c.State != connctx.Validated || c.RevalidateAt.Sub(t0) != 310*sec || h.background() != "a" {
+		if c.State != auth.Validated || c.RevalidateAt.Sub(t0) != 310*sec || h.background() != "a" {
 			t.Errorf("after RetransformConn: %+v, background %q", c, h.background())
 		}
 	})
@@ -482,7 +482,7 @@ func TestManager_UpdateAuth(t *testing.T) {
 		h := newHarness(t, 300*sec, 0)
 		before := h.connect("a", "u1")
 		c, _ := h.m.UpdateAuth(sel("a"), "same-token", false)
-		if c.Revision != before.Revision || c.State != connctx.Validated || !c.RevalidateAt.Equal(before.RevalidateAt) {
+		if c.Revision != before.Revision || c.State != auth.Validated || !c.RevalidateAt.Equal(before.RevalidateAt) {
 			t.Errorf("UpdateAuth(unchanged) = %+v; want %+v", c, before)
 		}
 	})
@@ -496,7 +496,7 @@ func TestManager_UpdateAuth(t *testing.T) {
 		if diff := cmp.Diff([]string{"revalidate a@2", "retransform a@2"}, h.eff.takeCalls()); diff != "" {
 			t.Errorf("calls (-want +got):\n%s", diff)
 		}
-		if c, _ := h.m.Conn(sel("a")); c.State != connctx.Validated {
+		if c, _ := h.m.Conn(sel("a")); c.State != auth.Validated {
 			t.Errorf("state = %v; want validated", c.State)
 		}
 	})
@@ -525,7 +525,7 @@ func TestManager_UpdateAuth(t *testing.T) {
 				t.Fatalf("RetransformConn = %v; want %v", ok, tc.wantOK)
 			}
 			c, alive := h.m.Conn(sel("a"))
-			if alive && c.State != connctx.Provisional {
+			if alive && c.State != auth.Provisional {
 				t.Errorf("state = %v; a cached retransform validates nothing", c.State)
 			}
 			if alive != tc.wantOK || (len(h.eff.failures()) == 0) != tc.wantOK {
@@ -536,7 +536,7 @@ func TestManager_UpdateAuth(t *testing.T) {
 
 	t.Run("Missing", func(t *testing.T) {
 		h := newHarness(t, 300*sec, 0)
-		if _, err := h.m.UpdateAuth(sel("x"), "t", true); !errors.Is(err, connctx.ErrNoConnection) {
+		if _, err := h.m.UpdateAuth(sel("x"), "t", true); !errors.Is(err, auth.ErrNoConnection) {
 			t.Errorf("UpdateAuth(missing) error = %v; want ErrNoConnection", err)
 		}
 	})
@@ -596,13 +596,13 @@ func TestManager_Stop(t *testing.T) {
 func TestManager_FatalEffectError(t *testing.T) {
 	// No Wake: the test runs Maintain itself.
 	eff := newEffects()
-	clock := connctxtest.NewClock(t0)
-	m, err := connctx.New[string, string, string](connctx.Config{RevalidateInterval: 300 * sec, Clock: clock})
+	clock := authtest.NewClock(t0)
+	m, err := auth.NewManager[string, string, string](auth.ManagerConfig{RevalidateInterval: 300 * sec, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Register(sel("a"), connctx.UserOf("u1"), "t", "q", "m")
-	m.Validate(sel("a"), 0, connctx.Validation{})
+	m.Register(sel("a"), auth.UserOf("u1"), "t", "q", "m")
+	m.Validate(sel("a"), 0, auth.Validation{})
 	boom := errors.New("boom")
 	eff.revalidate["a"] = boom
 	clock.Advance(300 * sec)

@@ -1,16 +1,16 @@
-// Package connctxtest provides a fake clock for tests of code that drives a
-// connctx.Manager.
-package connctxtest
+// Package authtest provides a fake clock for tests of code that drives an
+// auth.Manager.
+package authtest
 
 import (
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 )
 
-// Clock is a manual connctx.Clock. Timers fire only in Advance, on the
+// Clock is a manual auth.Clock. Timers fire only in Advance, on the
 // calling goroutine, in deadline order.
 type Clock struct {
 	mu     sync.Mutex
@@ -35,7 +35,7 @@ func (c *Clock) Now() time.Time {
 }
 
 // AfterFunc registers f to run when Advance reaches now+d.
-func (c *Clock) AfterFunc(d time.Duration, f func()) connctx.Timer {
+func (c *Clock) AfterFunc(d time.Duration, f func()) auth.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &timer{c: c, when: c.now.Add(d), f: f}
@@ -95,7 +95,7 @@ func (c *Clock) Advance(d time.Duration) int {
 		t.f()
 		fired++
 		if fired > maxFires {
-			panic("connctxtest: timers keep falling due at once (a hot loop?)")
+			panic("authtest: timers keep falling due at once (a hot loop?)")
 		}
 		c.mu.Lock()
 	}

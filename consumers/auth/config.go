@@ -1,4 +1,4 @@
-package connctx
+package auth
 
 import (
 	"fmt"
@@ -18,8 +18,8 @@ const (
 	DefaultRetransformInterval = 300 * time.Second
 )
 
-// Config configures a Manager.
-type Config struct {
+// ManagerConfig configures a Manager.
+type ManagerConfig struct {
 	// RevalidateInterval is how long a validation lasts before the periodic
 	// revalidation of a validated connection. 0 disables it.
 	RevalidateInterval time.Duration
@@ -36,7 +36,7 @@ type Config struct {
 }
 
 // Validate reports a config error.
-func (c Config) Validate() error {
+func (c ManagerConfig) Validate() error {
 	if c.RevalidateInterval < 0 {
 		return fmt.Errorf("revalidate interval %v: must not be negative", c.RevalidateInterval)
 	}

@@ -1,4 +1,4 @@
-package connctx
+package auth
 
 import (
 	"cmp"
@@ -34,8 +34,8 @@ type Manager[A, Q, M any] struct {
 	stopped     bool
 }
 
-// New returns a Manager. It arms no timer until a deadline exists.
-func New[A, Q, M any](cfg Config) (*Manager[A, Q, M], error) {
+// NewManager returns a Manager. It arms no timer until a deadline exists.
+func NewManager[A, Q, M any](cfg ManagerConfig) (*Manager[A, Q, M], error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package connctx
+package auth
 
 import "time"
 

@@ -1,10 +1,10 @@
-package connctx_test
+package auth_test
 
 import (
 	"testing"
 	"time"
 
-	"github.com/jetsync/jetsync/consumers/connctx"
+	"github.com/jetsync/jetsync/consumers/auth"
 )
 
 func TestParseIntervalSeconds(t *testing.T) {
@@ -13,8 +13,8 @@ func TestParseIntervalSeconds(t *testing.T) {
 		want    time.Duration
 		wantErr bool
 	}{
-		{"", connctx.DefaultRevalidateInterval, false},
-		{"  ", connctx.DefaultRevalidateInterval, false},
+		{"", auth.DefaultRevalidateInterval, false},
+		{"  ", auth.DefaultRevalidateInterval, false},
 		{"300", 300 * time.Second, false},
 		{"60", time.Minute, false},
 		{"1.5", 1500 * time.Millisecond, false},
@@ -24,7 +24,7 @@ func TestParseIntervalSeconds(t *testing.T) {
 		{"Inf", 0, true},
 		{"5m", 0, true},
 	} {
-		got, err := connctx.ParseIntervalSeconds(tc.in, connctx.DefaultRevalidateInterval)
+		got, err := auth.ParseIntervalSeconds(tc.in, auth.DefaultRevalidateInterval)
 		if got != tc.want || (err != nil) != tc.wantErr {
 			t.Errorf("ParseIntervalSeconds(%q) = %v, %v; want %v, error %v", tc.in, got, err, tc.want, tc.wantErr)
 		}
@@ -34,20 +34,20 @@ func TestParseIntervalSeconds(t *testing.T) {
 func TestConfig_Validate(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		cfg     connctx.Config
+		cfg     auth.ManagerConfig
 		wantErr bool
 	}{
-		{"Zero", connctx.Config{}, false},
-		{"Defaults", connctx.Config{RevalidateInterval: connctx.DefaultRevalidateInterval, RetransformInterval: connctx.DefaultRetransformInterval}, false},
-		{"NegativeRevalidate", connctx.Config{RevalidateInterval: -time.Second}, true},
-		{"NegativeRetransform", connctx.Config{RetransformInterval: -time.Second}, true},
+		{"Zero", auth.ManagerConfig{}, false},
+		{"Defaults", auth.ManagerConfig{RevalidateInterval: auth.DefaultRevalidateInterval, RetransformInterval: auth.DefaultRetransformInterval}, false},
+		{"NegativeRevalidate", auth.ManagerConfig{RevalidateInterval: -time.Second}, true},
+		{"NegativeRetransform", auth.ManagerConfig{RetransformInterval: -time.Second}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.cfg.Validate(); (err != nil) != tc.wantErr {
 				t.Errorf("Validate() = %v; want error %v", err, tc.wantErr)
 			}
-			if _, err := connctx.New[string, string, string](tc.cfg); (err != nil) != tc.wantErr {
-				t.Errorf("New() error = %v; want error %v", err, tc.wantErr)
+			if _, err := auth.NewManager[string, string, string](tc.cfg); (err != nil) != tc.wantErr {
+				t.Errorf("NewManager() error = %v; want error %v", err, tc.wantErr)
 			}
 		})
 	}

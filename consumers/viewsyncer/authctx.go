@@ -8,6 +8,63 @@ import (
 	"github.com/jetsync/jetsync/consumers/auth"
 )
 
+// authKeys are c's token settings.
+func (c Config) authKeys() auth.Keys {
+	return auth.Keys{
+		Secret: c.AuthSecret, JWK: c.AuthJWK, JWKSURL: c.AuthJWKSURL,
+		Issuer: c.AuthIssuer, Audience: c.AuthAudience,
+		Logger: c.Logger,
+	}
+}
+
+// errNoAuthConfigured is zero-cache's answer to a token on a connection
+// when none of the three key settings is set.
+const errNoAuthConfigured = "Exactly one of jwk, secret, or jwksUrl must be set in order to verify tokens but actually the following were set: []. " +
+	"You may also set both ZERO_MUTATE_URL and ZERO_QUERY_URL to enable custom mutations and queries without passing token verification options."
+
+// authenticate resolves a connection's token as zero-cache's resolveAuth
+// does (docs/protocol.md §13): no token is a logged-out connection; with a
+// key configured a token must be a valid JWT for userID; without one it is
+// opaque and passed through to the API server when both its query and
+// mutate URLs are configured; otherwise zero-cache refuses it on connect
+// (connecting). It returns a verified JWT's claims, nil for an opaque token
+// or none.
+func (s *Server) authenticate(ctx context.Context, token, userID string, connecting bool) (map[string]any, *protocolError) {
+	if token == "" {
+		return nil, nil
+	}
+	if s.auth == nil && connecting && !s.opaqueTokens() {
+		// zero-cache throws here, outside its protocol errors, and the
+		// unhandled rejection takes its syncer down; one failed
+		// connection is the useful part of that.
+		s.log.Error("token sent but no ZERO_AUTH_SECRET, ZERO_AUTH_JWK or ZERO_AUTH_JWKS_URL is set")
+		return nil, newProtocolError(kindInternal, "%s", errNoAuthConfigured)
+	}
+	if userID == "" {
+		return nil, authError(kindUnauthorized, "Authenticated connections require a userID.")
+	}
+	if s.auth == nil {
+		return nil, nil
+	}
+	claims, err := s.auth.Verify(ctx, token, userID)
+	if err != nil {
+		return nil, authError(kindAuthInvalidated, "Failed to decode auth token: "+auth.JoseMessage(err))
+	}
+	return claims, nil
+}
+
+// opaqueTokens reports whether tokens may be opaque without a key: the API
+// server, at both endpoints, is then their authority (docs/protocol.md §13).
+func (s *Server) opaqueTokens() bool {
+	return s.api.QueryConfigured() && s.api.MutateConfigured()
+}
+
+func authError(kind, msg string) *protocolError {
+	e := newProtocolError(kind, "%s", msg)
+	e.closeCode = closeAuth
+	return e
+}
+
 // connAuth is a connection's resolved token: the raw string forwarded to
 // the API server, and a verified JWT's claims (nil for an opaque token).
 type connAuth struct {

@@ -173,7 +173,7 @@ func (c Config) Validate() error {
 	if err := c.apiConfig().Validate(); err != nil {
 		return err
 	}
-	return c.validateAuth()
+	return c.authKeys().Validate()
 }
 
 // Server is the view-syncer.
@@ -183,7 +183,7 @@ type Server struct {
 	db      *sql.DB
 	store   cvrStore
 	purger  *cvrstore.Purger // nil: no garbage collection
-	auth    *tokenVerifier   // nil: no key configured
+	auth    *auth.Verifier   // nil: no key configured
 	api     *appapi.Client   // nil: no query or mutate URL configured
 	metrics *metrics
 	// bg tracks the groups' pushers, which closeAll waits for.
@@ -216,7 +216,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	auth, err := newTokenVerifier(cfg)
+	verifier, err := auth.NewVerifier(cfg.authKeys())
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +252,7 @@ func New(cfg Config) (*Server, error) {
 		db:             db,
 		store:          store,
 		purger:         purger,
-		auth:           auth,
+		auth:           verifier,
 		api:            api,
 		metrics:        m,
 		clientsTable:   projreplica.TableName(cfg.Shard.ID(), "clients"),

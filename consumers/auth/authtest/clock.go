@@ -1,5 +1,5 @@
-// Package authtest provides a fake clock for tests of code that drives an
-// auth.Manager.
+// Package authtest provides what tests of auth and its users share: a fake
+// clock for code that drives an auth.Manager, and keys and tokens to verify.
 package authtest
 
 import (

@@ -1,4 +1,4 @@
-package viewsyncer
+package auth
 
 import (
 	"context"
@@ -22,20 +22,20 @@ import (
 
 // jose's createRemoteJWKSet defaults, which zero-cache keeps.
 const (
-	// jwksMaxAge is how long a fetched set is used before it is fetched
+	// JWKSMaxAge is how long a fetched set is used before it is fetched
 	// again.
-	jwksMaxAge = 10 * time.Minute
-	// jwksCooldown is how soon after a fetch a token with an unknown key
+	JWKSMaxAge = 10 * time.Minute
+	// JWKSCooldown is how soon after a fetch a token with an unknown key
 	// may fetch again: a flood of unknown kids costs one request per
 	// cooldown.
-	jwksCooldown = 30 * time.Second
+	JWKSCooldown = 30 * time.Second
 	jwksTimeout  = 5 * time.Second
 )
 
 const (
-	// jwksRetry spaces the fetches after a failed one. jose retries on
+	// JWKSRetry spaces the fetches after a failed one. jose retries on
 	// every token, which would hammer a JWKS URL that is down.
-	jwksRetry = time.Second
+	JWKSRetry = time.Second
 	// jwksMaxBytes bounds a JWKS response.
 	jwksMaxBytes = 1 << 20
 )
@@ -234,8 +234,8 @@ func validateJWKSURL(s string) error {
 }
 
 // jwksCache is ZERO_AUTH_JWKS_URL's key set: fetched when a token first
-// needs it, used for jwksMaxAge, and fetched again early when a token names
-// a key it lacks, at most once per jwksCooldown. Concurrent fetches are
+// needs it, used for JWKSMaxAge, and fetched again early when a token names
+// a key it lacks, at most once per JWKSCooldown. Concurrent fetches are
 // merged into one.
 type jwksCache struct {
 	url    string
@@ -317,13 +317,13 @@ func (c *jwksCache) get(ctx context.Context, unknown bool) ([]*jwk, error) {
 			}
 		}
 		now := c.now()
-		stale := c.fetched.IsZero() || now.Sub(c.fetched) >= jwksMaxAge
-		if !stale && (!unknown || now.Sub(c.fetched) < jwksCooldown) {
+		stale := c.fetched.IsZero() || now.Sub(c.fetched) >= JWKSMaxAge
+		if !stale && (!unknown || now.Sub(c.fetched) < JWKSCooldown) {
 			keys := c.keys
 			c.mu.Unlock()
 			return keys, nil
 		}
-		if c.failure != nil && now.Sub(c.failed) < jwksRetry {
+		if c.failure != nil && now.Sub(c.failed) < JWKSRetry {
 			keys, err := c.keys, c.failure
 			c.mu.Unlock()
 			if stale {

@@ -1,9 +1,10 @@
-package viewsyncer
+package auth
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -23,18 +24,26 @@ var signingMethods = []string{
 	"EdDSA",
 }
 
-// errNoAuthConfigured is zero-cache's answer to a token on a connection
-// when none of the three key settings is set.
-const errNoAuthConfigured = "Exactly one of jwk, secret, or jwksUrl must be set in order to verify tokens but actually the following were set: []. " +
-	"You may also set both ZERO_MUTATE_URL and ZERO_QUERY_URL to enable custom mutations and queries without passing token verification options."
+// Keys are the token settings: ZERO_AUTH_SECRET, ZERO_AUTH_JWK,
+// ZERO_AUTH_JWKS_URL (at most one of the three), ZERO_AUTH_ISSUER and
+// ZERO_AUTH_AUDIENCE.
+type Keys struct {
+	Secret, JWK, JWKSURL string
+	// Issuer and Audience, when set, are required iss and aud claims.
+	Issuer, Audience string
+	// Logger gets the JWKS fetch failures.
+	Logger *slog.Logger
+	// Now is the JWKS cache's clock; nil means time.Now.
+	Now func() time.Time
+}
 
-// validateAuth checks the token settings of c: at most one key source (a
-// misconfiguration zero-cache reports only when the first token arrives,
-// by crashing its syncer), and a JWK or JWKS URL that can be used.
-func (c Config) validateAuth() error {
+// Validate checks k: at most one key source (a misconfiguration
+// zero-cache reports only when the first token arrives, by crashing its
+// syncer), and a JWK or JWKS URL that can be used.
+func (k Keys) Validate() error {
 	var set []string
 	for _, s := range []struct{ name, v string }{
-		{"ZERO_AUTH_JWK", c.AuthJWK}, {"ZERO_AUTH_SECRET", c.AuthSecret}, {"ZERO_AUTH_JWKS_URL", c.AuthJWKSURL},
+		{"ZERO_AUTH_JWK", k.JWK}, {"ZERO_AUTH_SECRET", k.Secret}, {"ZERO_AUTH_JWKS_URL", k.JWKSURL},
 	} {
 		if s.v != "" {
 			set = append(set, s.name)
@@ -43,22 +52,22 @@ func (c Config) validateAuth() error {
 	if len(set) > 1 {
 		return fmt.Errorf("auth: only one of ZERO_AUTH_JWK, ZERO_AUTH_SECRET and ZERO_AUTH_JWKS_URL may be set, got %s", strings.Join(set, ", "))
 	}
-	if c.AuthJWK != "" {
-		if _, err := parseConfigJWK(c.AuthJWK); err != nil {
+	if k.JWK != "" {
+		if _, err := parseConfigJWK(k.JWK); err != nil {
 			return fmt.Errorf("auth: ZERO_AUTH_JWK: %w", err)
 		}
 	}
-	if c.AuthJWKSURL != "" {
-		if err := validateJWKSURL(c.AuthJWKSURL); err != nil {
+	if k.JWKSURL != "" {
+		if err := validateJWKSURL(k.JWKSURL); err != nil {
 			return fmt.Errorf("auth: ZERO_AUTH_JWKS_URL: %w", err)
 		}
 	}
 	return nil
 }
 
-// tokenVerifier checks JWTs as zero-cache's verifyToken does with jose:
+// Verifier checks JWTs as zero-cache's verifyToken does with jose:
 // signature by the configured key, then iss, sub and aud, then nbf and exp.
-type tokenVerifier struct {
+type Verifier struct {
 	// keyFor returns the key verifying a token signed with alg whose header
 	// names kid ("" if none), or a joseError.
 	keyFor           func(ctx context.Context, alg, kid string) (any, error)
@@ -66,27 +75,30 @@ type tokenVerifier struct {
 	jwks             *jwksCache // for a JWKS URL, else nil
 }
 
-// newTokenVerifier returns the verifier for c's settings (validated), or
-// nil when no key source is set.
-func newTokenVerifier(c Config) (*tokenVerifier, error) {
-	v := &tokenVerifier{issuer: c.AuthIssuer, audience: c.AuthAudience}
+// NewVerifier returns the verifier for k (validated), or nil when no key
+// source is set.
+func NewVerifier(k Keys) (*Verifier, error) {
+	v := &Verifier{issuer: k.Issuer, audience: k.Audience}
 	switch {
-	case c.AuthSecret != "":
-		secret := []byte(c.AuthSecret)
+	case k.Secret != "":
+		secret := []byte(k.Secret)
 		v.keyFor = func(_ context.Context, alg, _ string) (any, error) {
 			if !strings.HasPrefix(alg, "HS") {
 				return nil, joseError("TypeError: Key for the " + alg + " algorithm must be one of type KeyObject or CryptoKey. Received an instance of Uint8Array")
 			}
 			return secret, nil
 		}
-	case c.AuthJWK != "":
-		k, err := parseConfigJWK(c.AuthJWK)
+	case k.JWK != "":
+		key, err := parseConfigJWK(k.JWK)
 		if err != nil {
 			return nil, err
 		}
-		v.keyFor = func(_ context.Context, alg, _ string) (any, error) { return k.verifyKey(alg) }
-	case c.AuthJWKSURL != "":
-		v.jwks = newJWKSCache(c.AuthJWKSURL, c.Logger)
+		v.keyFor = func(_ context.Context, alg, _ string) (any, error) { return key.verifyKey(alg) }
+	case k.JWKSURL != "":
+		v.jwks = newJWKSCache(k.JWKSURL, k.Logger)
+		if k.Now != nil {
+			v.jwks.now = k.Now
+		}
 		v.keyFor = v.jwks.keyFor
 	default:
 		return nil, nil
@@ -94,9 +106,9 @@ func newTokenVerifier(c Config) (*tokenVerifier, error) {
 	return v, nil
 }
 
-// verify returns token's claims if it is a valid JWT for userID, else an
-// error worded as jose words it.
-func (v *tokenVerifier) verify(ctx context.Context, token, userID string) (jwt.MapClaims, error) {
+// Verify returns token's claims if it is a valid JWT for userID, else an
+// error worded as jose words it (JoseMessage).
+func (v *Verifier) Verify(ctx context.Context, token, userID string) (map[string]any, error) {
 	claims := jwt.MapClaims{}
 	keyfunc := func(t *jwt.Token) (any, error) {
 		kid, _ := t.Header["kid"].(string)
@@ -116,7 +128,7 @@ func (v *tokenVerifier) verify(ctx context.Context, token, userID string) (jwt.M
 
 // checkClaims is jose's jwtVerify claim validation with zero-cache's
 // options: presence of the expected claims, their values, then the times.
-func (v *tokenVerifier) checkClaims(claims jwt.MapClaims, userID string) error {
+func (v *Verifier) checkClaims(claims jwt.MapClaims, userID string) error {
 	expected := []struct{ claim, want string }{{"iss", v.issuer}, {"sub", userID}, {"aud", v.audience}}
 	for _, e := range expected {
 		if _, ok := claims[e.claim]; e.want != "" && !ok {
@@ -162,58 +174,15 @@ func (v *tokenVerifier) checkClaims(claims jwt.MapClaims, userID string) error {
 	return nil
 }
 
-// authenticate resolves a connection's token as zero-cache's resolveAuth
-// does (docs/protocol.md §13): no token is a logged-out connection; with a
-// key configured a token must be a valid JWT for userID; without one it is
-// opaque and passed through to the API server when both its query and
-// mutate URLs are configured; otherwise zero-cache refuses it on connect
-// (connecting). It returns a verified JWT's claims, nil for an opaque token
-// or none.
-func (s *Server) authenticate(ctx context.Context, token, userID string, connecting bool) (map[string]any, *protocolError) {
-	if token == "" {
-		return nil, nil
-	}
-	if s.auth == nil && connecting && !s.opaqueTokens() {
-		// zero-cache throws here, outside its protocol errors, and the
-		// unhandled rejection takes its syncer down; one failed
-		// connection is the useful part of that.
-		s.log.Error("token sent but no ZERO_AUTH_SECRET, ZERO_AUTH_JWK or ZERO_AUTH_JWKS_URL is set")
-		return nil, newProtocolError(kindInternal, "%s", errNoAuthConfigured)
-	}
-	if userID == "" {
-		return nil, authError(kindUnauthorized, "Authenticated connections require a userID.")
-	}
-	if s.auth == nil {
-		return nil, nil
-	}
-	claims, err := s.auth.verify(ctx, token, userID)
-	if err != nil {
-		return nil, authError(kindAuthInvalidated, "Failed to decode auth token: "+joseMessage(err))
-	}
-	return claims, nil
-}
-
-// opaqueTokens reports whether tokens may be opaque without a key: the API
-// server, at both endpoints, is then their authority (docs/protocol.md §13).
-func (s *Server) opaqueTokens() bool {
-	return s.api.QueryConfigured() && s.api.MutateConfigured()
-}
-
-func authError(kind, msg string) *protocolError {
-	e := newProtocolError(kind, "%s", msg)
-	e.closeCode = closeAuth
-	return e
-}
-
 // joseError is a verification failure already worded as jose's String(e):
 // "<error class>: <message>".
 type joseError string
 
 func (e joseError) Error() string { return string(e) }
 
-// joseMessage renders a verification error as the jose library that
+// JoseMessage renders a verification error as the jose library that
 // zero-cache uses words it, since clients and tests match on it.
-func joseMessage(err error) string {
+func JoseMessage(err error) string {
 	var je joseError
 	switch {
 	case errors.As(err, &je):

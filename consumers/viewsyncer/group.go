@@ -13,6 +13,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/zql"
+	"github.com/jetsync/jetsync/consumers/zql/permissions"
 )
 
 // TTLs of desired queries (docs/protocol.md §12).
@@ -128,7 +129,7 @@ type pipeline struct {
 	schema *schema
 	// perms and authGen are what a legacy query was transformed with, and
 	// transformed the hash of the result: the AST actually run.
-	perms       *permissions
+	perms       *permissions.Rules
 	authGen     int
 	transformed string
 	tables      map[string]bool
@@ -589,11 +590,11 @@ func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
 	} else if !p.internal {
 		perms := snap.perms
 		if perms == nil {
-			perms = noPermissions
+			perms = permissions.None
 		}
-		ast = perms.transform(ast, g.authData)
+		ast = perms.Transform(ast, g.authData)
 		p.perms, p.authGen = snap.perms, g.authGen
-		th := transformationHash(ast)
+		th := permissions.TransformationHash(ast)
 		if !fresh && th == p.transformed {
 			return false, nil
 		}

@@ -32,6 +32,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replica"
 	"github.com/jetsync/jetsync/consumers/zql"
+	"github.com/jetsync/jetsync/consumers/zql/permissions"
 	projreplica "github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -206,8 +207,8 @@ type Server struct {
 	// dropping holds the groups whose store copy is being dropped
 	// (dropGroup); closed when done.
 	dropping map[string]chan struct{}
-	schema   *schema      // last loaded
-	perms    *permissions // last loaded
+	schema   *schema            // last loaded
+	perms    *permissions.Rules // last loaded
 }
 
 // New returns a Server; Run follows the replica, Handler serves clients.
@@ -455,7 +456,7 @@ type snapshot struct {
 	replicaVersion string
 	schema         *schema
 	// perms are the read rules at this snapshot.
-	perms *permissions
+	perms *permissions.Rules
 	// from is where the changes an advance reports start; pipelines at an
 	// older version must re-hydrate fully.
 	from string
@@ -537,12 +538,13 @@ func (s *Server) finishSnapshot(ctx context.Context, snap *snapshot) (*snapshot,
 		snap.close()
 		return nil, err
 	}
-	perms, err := loadPermissions(ctx, snap.tx, s.permsTable, sch, prevPerms)
+	_, replicated := sch.tables[s.permsTable]
+	perms, err := permissions.Load(ctx, snap.tx, s.permsTable, replicated, prevPerms)
 	if err != nil {
 		snap.close()
 		return nil, err
 	}
-	if perms == noPermissions && prevPerms != noPermissions {
+	if perms == permissions.None && prevPerms != permissions.None {
 		s.log.Warn("No upstream permissions deployed. Run 'npx zero-deploy-permissions --app-id=" + s.cfg.Shard.App + "' to enforce permissions.")
 	}
 	s.mu.Lock()

@@ -1,4 +1,8 @@
-package viewsyncer
+// Package permissions is zero-cache's legacy read rules, deployed in
+// <app>.permissions (docs/query-ast.md §1): their parsing, their injection
+// into a query's AST with the connection's claims bound in, the hash that
+// tells a changed transformation, and their loading from a replica.
+package permissions
 
 import (
 	"bytes"
@@ -14,11 +18,11 @@ import (
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
-// permissions are the legacy read rules deployed in <app>.permissions
+// Rules are the legacy read rules deployed in <app>.permissions
 // (docs/query-ast.md §1), as of one replica snapshot. They are immutable and
 // shared by every snapshot that has the same text, so pipelines tell a rule
 // change by pointer.
-type permissions struct {
+type Rules struct {
 	// raw is the replicated JSON text; "" when none are deployed.
 	raw string
 	// selects holds each table's row.select conditions; a table that is
@@ -26,9 +30,9 @@ type permissions struct {
 	selects map[string][]zql.Condition
 }
 
-// noPermissions is what the server enforces while nothing is deployed:
-// every table denies.
-var noPermissions = &permissions{selects: map[string][]zql.Condition{}}
+// None is what the server enforces while nothing is deployed: every table
+// denies. Load returns this very pointer whenever nothing is deployed.
+var None = &Rules{selects: map[string][]zql.Condition{}}
 
 // permissionsConfig is the compiled rules' JSON schema
 // (zero-schema/src/compiled-permissions.ts), decoded strictly.
@@ -83,15 +87,15 @@ func strictDecode(b []byte, v any) error {
 	return nil
 }
 
-// parsePermissions parses the replicated text of <app>.permissions.
-func parsePermissions(raw string) (*permissions, error) {
+// Parse parses the replicated text of <app>.permissions.
+func Parse(raw string) (*Rules, error) {
 	var cfg permissionsConfig
 	if err := strictDecode([]byte(raw), &cfg); err != nil {
 		// Worded as zero-cache's, since clients see it in an Internal error.
 		return nil, fmt.Errorf("Could not parse upstream permissions: '%s'. This may happen if Permissions with a new internal format are deployed before the supporting server has been fully rolled out: %w",
 			truncate(raw, 100), err)
 	}
-	p := &permissions{raw: raw, selects: map[string][]zql.Condition{}}
+	p := &Rules{raw: raw, selects: map[string][]zql.Condition{}}
 	for table, tr := range cfg.Tables {
 		if tr.Row == nil {
 			continue
@@ -105,31 +109,32 @@ func parsePermissions(raw string) (*permissions, error) {
 	return p, nil
 }
 
-// loadPermissions reads the rules at tx's snapshot, reusing prev when the
-// text has not changed. A replica without the table has none deployed.
-func loadPermissions(ctx context.Context, tx *sql.Tx, table string, sch *schema, prev *permissions) (*permissions, error) {
-	if _, ok := sch.tables[table]; !ok {
-		return noPermissions, nil
+// Load reads the rules from table at tx's snapshot, reusing prev when the
+// text has not changed. A replica without the table (replicated false) has
+// none deployed.
+func Load(ctx context.Context, tx *sql.Tx, table string, replicated bool, prev *Rules) (*Rules, error) {
+	if !replicated {
+		return None, nil
 	}
 	var raw sql.NullString
 	err := tx.QueryRowContext(ctx, `SELECT "permissions" FROM "`+table+`" LIMIT 1`).Scan(&raw)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return noPermissions, nil
+		return None, nil
 	case err != nil:
 		return nil, fmt.Errorf("load permissions: %w", err)
 	case !raw.Valid || raw.String == "null":
-		return noPermissions, nil
+		return None, nil
 	case prev != nil && prev.raw == raw.String:
 		return prev, nil
 	}
-	return parsePermissions(raw.String)
+	return Parse(raw.String)
 }
 
-// transform injects the read rules into a legacy AST and binds the rules'
+// Transform injects the read rules into a legacy AST and binds the rules'
 // authData parameters to the connection's claims (docs/query-ast.md §1). It
 // returns a new AST; a's nodes are not modified.
-func (p *permissions) transform(a *zql.AST, authData map[string]any) *zql.AST {
+func (p *Rules) Transform(a *zql.AST, authData map[string]any) *zql.AST {
 	out := p.node(a)
 	bindAST(out, authData)
 	return out
@@ -137,7 +142,7 @@ func (p *permissions) transform(a *zql.AST, authData map[string]any) *zql.AST {
 
 // node ANDs the table's select policy into one (sub)query and recurses into
 // its relationships and the subqueries of its where.
-func (p *permissions) node(a *zql.AST) *zql.AST {
+func (p *Rules) node(a *zql.AST) *zql.AST {
 	n := *a
 	rules := p.selects[a.Table]
 	policy := zql.Condition{Type: zql.CondOr, Conditions: cloneConds(rules)}
@@ -160,7 +165,7 @@ func (p *permissions) node(a *zql.AST) *zql.AST {
 
 // cond transforms the client's where: every EXISTS subquery gets its
 // table's rules, so that EXISTS cannot reveal unreadable rows.
-func (p *permissions) cond(c zql.Condition) zql.Condition {
+func (p *Rules) cond(c zql.Condition) zql.Condition {
 	switch c.Type {
 	case zql.CondAnd, zql.CondOr:
 		subs := make([]zql.Condition, len(c.Conditions))
@@ -335,12 +340,30 @@ func scalar(v any) bool {
 	return false
 }
 
-// transformationHash identifies a bound transformed AST. Unlike zero's
+// TransformationHash identifies a bound transformed AST. Unlike zero's
 // hashOfAST it keeps TRUE and FALSE apart, so an unchanged hash really
 // means an unchanged result.
-func transformationHash(a *zql.AST) string {
+func TransformationHash(a *zql.AST) string {
 	b, _ := json.Marshal(a)
 	h := fnv.New64a()
 	_, _ = h.Write(b)
 	return strconv.FormatUint(h.Sum64(), 36)
 }
+
+// truncate cuts s to at most n bytes, never inside a UTF-8 sequence: a
+// multi-byte character at the cut goes, whole or not.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8Start(s[len(s)-1]) {
+		s = s[:len(s)-1]
+	}
+	if len(s) > 0 && s[len(s)-1] >= 0x80 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func utf8Start(b byte) bool { return b < 0x80 || b >= 0xC0 }

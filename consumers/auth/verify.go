@@ -31,7 +31,7 @@ type Keys struct {
 	Secret, JWK, JWKSURL string
 	// Issuer and Audience, when set, are required iss and aud claims.
 	Issuer, Audience string
-	// Logger gets the JWKS fetch failures.
+	// Logger gets the JWKS fetch failures; nil means slog.Default().
 	Logger *slog.Logger
 	// Now is the JWKS cache's clock; nil means time.Now.
 	Now func() time.Time
@@ -95,7 +95,11 @@ func NewVerifier(k Keys) (*Verifier, error) {
 		}
 		v.keyFor = func(_ context.Context, alg, _ string) (any, error) { return key.verifyKey(alg) }
 	case k.JWKSURL != "":
-		v.jwks = newJWKSCache(k.JWKSURL, k.Logger)
+		log := k.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		v.jwks = newJWKSCache(k.JWKSURL, log)
 		if k.Now != nil {
 			v.jwks.now = k.Now
 		}

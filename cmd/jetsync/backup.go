@@ -41,19 +41,19 @@ type backupFlags struct {
 }
 
 func (b *backupFlags) register(fs *flag.FlagSet, e *env) {
-	fs.StringVar(&b.mode, "backup", e.str("JETSYNC_BACKUP", "on"), "on: snapshot the replica into the object store and purge the change stream only below a verified snapshot; off: no snapshots, purges follow what every connected replica consumer has acked (single-node mode) [JETSYNC_BACKUP]")
-	fs.Float64Var(&b.intervalMinutes, "litestream-incremental-backup-interval-minutes", e.float("ZERO_LITESTREAM_INCREMENTAL_BACKUP_INTERVAL_MINUTES", backup.DefaultInterval.Minutes()), "minutes between snapshots of a replica that moved; fractions allowed [ZERO_LITESTREAM_INCREMENTAL_BACKUP_INTERVAL_MINUTES]")
-	fs.Float64Var(&b.uploadMBps, "backup-max-upload-rate", e.float("JETSYNC_BACKUP_MAX_UPLOAD_RATE", 0), "cap on snapshot upload speed in MB/s, leaving the NATS server's bandwidth to the change stream; 0: none [JETSYNC_BACKUP_MAX_UPLOAD_RATE]")
-	fs.IntVar(&b.keep, "backup-keep", e.int("JETSYNC_BACKUP_KEEP", backup.DefaultKeep), "snapshots kept in the object store [JETSYNC_BACKUP_KEEP]")
-	fs.DurationVar(&b.checkInterval, "backup-check-interval", e.duration("JETSYNC_BACKUP_CHECK_INTERVAL", backup.DefaultCheckInterval), "how often the backup monitor verifies snapshots and purges [JETSYNC_BACKUP_CHECK_INTERVAL]")
-	fs.DurationVar(&b.cleanupDelay, "backup-cleanup-delay", e.duration("JETSYNC_BACKUP_CLEANUP_DELAY", backup.DefaultCleanupDelay), "least age of a verified snapshot before history below it is purged; raised to the longest observed restore [JETSYNC_BACKUP_CLEANUP_DELAY]")
-	fs.DurationVar(&b.purgeWait, "backup-purge-wait", e.duration("JETSYNC_BACKUP_PURGE_WAIT", backup.DefaultPurgeWait), "wait between scheduling a purge and running it, so that lagging replicas reconnect and report their position [JETSYNC_BACKUP_PURGE_WAIT]")
-	fs.DurationVar(&b.wedgedGrace, "backup-wedged-grace", e.duration("JETSYNC_BACKUP_WEDGED_GRACE", backup.DefaultWedgedGrace), "how long the verified backup may stay behind the claimed one before the change-streamer exits non-zero [JETSYNC_BACKUP_WEDGED_GRACE]")
-	fs.DurationVar(&b.initialGrace, "backup-initial-grace", e.duration("JETSYNC_BACKUP_INITIAL_GRACE", 0), "how long after start a first verified snapshot may take before the change-streamer exits non-zero; 0: the per-50GiB grace scaled by replica size [JETSYNC_BACKUP_INITIAL_GRACE]")
-	fs.DurationVar(&b.gracePer50GiB, "backup-initial-grace-per-50gib", e.duration("JETSYNC_BACKUP_INITIAL_GRACE_PER_50GIB", backup.DefaultInitialGracePerUnit), "initial-backup grace per 50 GiB of replica, and its minimum [JETSYNC_BACKUP_INITIAL_GRACE_PER_50GIB]")
-	fs.DurationVar(&b.protectMaxLag, "protect-max-lag", e.duration("JETSYNC_PROTECT_MAX_LAG", backup.DefaultProtectMaxLag), "how far a protected consumer (metadata jetsync.protect=true) may lag before it stops holding back purges [JETSYNC_PROTECT_MAX_LAG]")
-	fs.DurationVar(&b.reservationTTL, "reservation-ttl", e.duration("JETSYNC_RESERVATION_TTL", streams.DefaultReservationTTL), "how long a restore reservation or purge lock lives without a heartbeat [JETSYNC_RESERVATION_TTL]")
-	fs.DurationVar(&b.orphanGrace, "backup-orphan-grace", e.duration("JETSYNC_BACKUP_ORPHAN_GRACE", backup.DefaultOrphanGrace), "how old the chunks of an unfinished snapshot upload must be before a starting change-streamer purges them [JETSYNC_BACKUP_ORPHAN_GRACE]")
+	e.strVar(fs, &b.mode, "JETSYNC_BACKUP", "on")
+	e.floatVar(fs, &b.intervalMinutes, "ZERO_LITESTREAM_INCREMENTAL_BACKUP_INTERVAL_MINUTES", backup.DefaultInterval.Minutes())
+	e.floatVar(fs, &b.uploadMBps, "JETSYNC_BACKUP_MAX_UPLOAD_RATE", 0)
+	e.intVar(fs, &b.keep, "JETSYNC_BACKUP_KEEP", backup.DefaultKeep)
+	e.durationVar(fs, &b.checkInterval, "JETSYNC_BACKUP_CHECK_INTERVAL", backup.DefaultCheckInterval)
+	e.durationVar(fs, &b.cleanupDelay, "JETSYNC_BACKUP_CLEANUP_DELAY", backup.DefaultCleanupDelay)
+	e.durationVar(fs, &b.purgeWait, "JETSYNC_BACKUP_PURGE_WAIT", backup.DefaultPurgeWait)
+	e.durationVar(fs, &b.wedgedGrace, "JETSYNC_BACKUP_WEDGED_GRACE", backup.DefaultWedgedGrace)
+	e.durationVar(fs, &b.initialGrace, "JETSYNC_BACKUP_INITIAL_GRACE", 0)
+	e.durationVar(fs, &b.gracePer50GiB, "JETSYNC_BACKUP_INITIAL_GRACE_PER_50GIB", backup.DefaultInitialGracePerUnit)
+	e.durationVar(fs, &b.protectMaxLag, "JETSYNC_PROTECT_MAX_LAG", backup.DefaultProtectMaxLag)
+	e.durationVar(fs, &b.reservationTTL, "JETSYNC_RESERVATION_TTL", streams.DefaultReservationTTL)
+	e.durationVar(fs, &b.orphanGrace, "JETSYNC_BACKUP_ORPHAN_GRACE", backup.DefaultOrphanGrace)
 }
 
 func (b *backupFlags) off() bool { return strings.EqualFold(b.mode, "off") }
@@ -127,13 +127,13 @@ type restoreFlags struct {
 }
 
 func (r *restoreFlags) register(fs *flag.FlagSet, e *env, producer bool) {
-	fs.StringVar(&r.mode, "restore", e.str("JETSYNC_RESTORE", "on"), "on: a replica that is missing, invalid or behind the stream's history is restored from the newest verified snapshot before it follows the stream; off: it is built from the stream alone [JETSYNC_RESTORE]")
-	fs.BoolVar(&r.integrity, "restore-integrity-check", e.bool("JETSYNC_RESTORE_INTEGRITY_CHECK", false), "validate a restored replica with PRAGMA integrity_check instead of quick_check [JETSYNC_RESTORE_INTEGRITY_CHECK]")
-	fs.DurationVar(&r.pollInterval, "restore-poll-interval", e.duration("JETSYNC_RESTORE_POLL_INTERVAL", restore.DefaultPollInterval), "how often a restore waiting for a snapshot looks again [JETSYNC_RESTORE_POLL_INTERVAL]")
-	fs.DurationVar(&r.heartbeat, "reservation-heartbeat", e.duration("JETSYNC_RESERVATION_HEARTBEAT", restore.DefaultHeartbeat), "how often a restore refreshes its reservation [JETSYNC_RESERVATION_HEARTBEAT]")
+	e.strVar(fs, &r.mode, "JETSYNC_RESTORE", "on")
+	e.boolVar(fs, &r.integrity, "JETSYNC_RESTORE_INTEGRITY_CHECK", false)
+	e.durationVar(fs, &r.pollInterval, "JETSYNC_RESTORE_POLL_INTERVAL", restore.DefaultPollInterval)
+	e.durationVar(fs, &r.heartbeat, "JETSYNC_RESERVATION_HEARTBEAT", restore.DefaultHeartbeat)
 	if !producer {
 		// The producer roles share -reservation-ttl with the backup flags.
-		fs.DurationVar(&r.reservationTTL, "reservation-ttl", e.duration("JETSYNC_RESERVATION_TTL", streams.DefaultReservationTTL), "how long a restore reservation lives without a heartbeat [JETSYNC_RESERVATION_TTL]")
+		e.durationVar(fs, &r.reservationTTL, "JETSYNC_RESERVATION_TTL", streams.DefaultReservationTTL)
 	}
 }
 
@@ -282,7 +282,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("jetsync backup now", flag.ContinueOnError)
 	c.common.register(fs, e)
 	c.natsFlags.register(fs, e)
-	fs.DurationVar(&c.timeout, "timeout", e.duration("JETSYNC_BACKUP_NOW_TIMEOUT", 10*time.Minute), "how long to wait for the snapshot [JETSYNC_BACKUP_NOW_TIMEOUT]")
+	e.durationVar(fs, &c.timeout, "JETSYNC_BACKUP_NOW_TIMEOUT", 10*time.Minute)
 	if err := parseFlags(fs, e, stdout, backupSummary, args[1:]); err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	// zero-cache's change-streamer listens on its port + 1; doing the same
 	// lets the roles share a machine with default settings.
 	c.roleFlags.register(fs, e, DefaultPort+1, "backup-replica.db")
-	c.upstreamFlags.register(fs, e, "upstream Postgres `URL` (required)")
+	c.upstreamFlags.register(fs, e, " (required)")
 	c.natsFlags.register(fs, e)
 	c.backup.register(fs, e)
 	c.restore.register(fs, e, true)

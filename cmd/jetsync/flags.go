@@ -27,11 +27,12 @@ type roleFlags struct {
 
 func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault string) {
 	r.common.register(fs, e)
-	fs.StringVar(&r.dataDir, "data-dir", e.str("JETSYNC_DATA_DIR", DefaultDataDir), "directory for everything this instance keeps [JETSYNC_DATA_DIR]")
-	fs.StringVar(&r.taskID, "task-id", e.str("ZERO_TASK_ID", ""), "instance identity, naming its durable consumers; default a random ID kept in the data dir [ZERO_TASK_ID]")
-	fs.StringVar(&r.replicaFile, "replica-file", e.str("ZERO_REPLICA_FILE", ""), "SQLite replica file; default <data-dir>/"+replicaDefault+" [ZERO_REPLICA_FILE]")
-	fs.IntVar(&r.port, "port", e.int("ZERO_PORT", port), "HTTP port for / (health: OK once the replica is ready), /keepalive and /metrics; 0 picks a free port [ZERO_PORT]")
-	fs.IntVar(&r.keepaliveMs, "keepalive-timeout-ms", e.int("ZERO_KEEPALIVE_TIMEOUT_MS", 0), "drain once /keepalive, called once, goes uncalled this long; 0: never [ZERO_KEEPALIVE_TIMEOUT_MS]")
+	e.strVar(fs, &r.dataDir, "JETSYNC_DATA_DIR", DefaultDataDir)
+	e.strVar(fs, &r.taskID, "ZERO_TASK_ID", "")
+	rf := settingFor("ZERO_REPLICA_FILE")
+	fs.StringVar(&r.replicaFile, rf.flag, e.str(rf.env, ""), rf.usageText("; default <data-dir>/"+replicaDefault))
+	e.intVar(fs, &r.port, "ZERO_PORT", port)
+	e.intVar(fs, &r.keepaliveMs, "ZERO_KEEPALIVE_TIMEOUT_MS", 0)
 }
 
 // listenHTTP binds the role's port; / answers OK once ready reports true.
@@ -87,13 +88,14 @@ func (u *upstreamFlags) streamConfig(shard streams.Shard) streams.Config {
 	return streams.Config{Shard: shard, Replicas: u.streamReplicas, Duplicates: u.streamDuplicates}
 }
 
-func (u *upstreamFlags) register(fs *flag.FlagSet, e *env, usage string) {
+// note ends the -h text of -upstream-db, which differs by command.
+func (u *upstreamFlags) register(fs *flag.FlagSet, e *env, note string) {
 	u.upstreamDB = e.str("ZERO_UPSTREAM_DB", "")
-	fs.Var(secret{&u.upstreamDB}, "upstream-db", usage+" [ZERO_UPSTREAM_DB]")
-	fs.StringVar(&u.publications, "app-publications", e.str("ZERO_APP_PUBLICATIONS", ""), "comma-separated publications to replicate; default one covering the public schema [ZERO_APP_PUBLICATIONS]")
-	fs.IntVar(&u.copyWorkers, "initial-sync-table-copy-workers", e.int("ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS", 0), "parallel table copies of an initial sync; 0 means the default (5) [ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS]")
-	fs.IntVar(&u.streamReplicas, "stream-replicas", e.int("JETSYNC_STREAM_REPLICAS", 0), "JetStream replicas of the streams and buckets; 0 keeps what the change stream has, or picks 1 on one server and 3 on a cluster [JETSYNC_STREAM_REPLICAS]")
-	fs.DurationVar(&u.streamDuplicates, "stream-duplicates", e.duration("JETSYNC_STREAM_DUPLICATES", streams.DefaultDuplicates), "the change stream's JetStream dedup window; exactly-once does not rest on it [JETSYNC_STREAM_DUPLICATES]")
+	bindVar(fs, secret{&u.upstreamDB}, "ZERO_UPSTREAM_DB", note)
+	e.strVar(fs, &u.publications, "ZERO_APP_PUBLICATIONS", "")
+	e.intVar(fs, &u.copyWorkers, "ZERO_INITIAL_SYNC_TABLE_COPY_WORKERS", 0)
+	e.intVar(fs, &u.streamReplicas, "JETSYNC_STREAM_REPLICAS", 0)
+	e.durationVar(fs, &u.streamDuplicates, "JETSYNC_STREAM_DUPLICATES", streams.DefaultDuplicates)
 }
 
 func (u *upstreamFlags) publicationList() []string {
@@ -114,7 +116,7 @@ type natsFlags struct {
 
 func (n *natsFlags) register(fs *flag.FlagSet, e *env) {
 	n.natsConn.register(fs, e)
-	fs.StringVar(&n.monitorURL, "nats-monitor-url", e.str("JETSYNC_NATS_MONITOR_URL", ""), "the NATS server's monitoring endpoint `URL` (like http://127.0.0.1:8222), to check that it fsyncs every write [JETSYNC_NATS_MONITOR_URL]")
+	e.strVar(fs, &n.monitorURL, "JETSYNC_NATS_MONITOR_URL", "")
 }
 
 // replicaReady reports whether cons's replica exists: synced once, not

@@ -110,10 +110,10 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet, e *env) {
-	fs.StringVar(&c.appID, "app-id", e.str("ZERO_APP_ID", "zero"), "app ID: names the stream, subjects and upstream schemas [ZERO_APP_ID]")
-	fs.IntVar(&c.shardNum, "shard-num", e.int("ZERO_SHARD_NUM", 0), "shard number within the app [ZERO_SHARD_NUM]")
-	fs.StringVar(&c.logLevel, "log-level", e.str("ZERO_LOG_LEVEL", "info"), "debug, info, warn or error [ZERO_LOG_LEVEL]")
-	fs.StringVar(&c.logFormat, "log-format", e.str("ZERO_LOG_FORMAT", "text"), "text or json [ZERO_LOG_FORMAT]")
+	e.strVar(fs, &c.appID, "ZERO_APP_ID", "zero")
+	e.intVar(fs, &c.shardNum, "ZERO_SHARD_NUM", 0)
+	e.strVar(fs, &c.logLevel, "ZERO_LOG_LEVEL", "info")
+	e.strVar(fs, &c.logFormat, "ZERO_LOG_FORMAT", "text")
 }
 
 func (c *common) shard() (streams.Shard, error) {

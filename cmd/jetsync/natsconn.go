@@ -39,19 +39,19 @@ type natsConn struct {
 
 func (n *natsConn) register(fs *flag.FlagSet, e *env) {
 	n.url = e.str("JETSYNC_NATS_URL", "")
-	fs.Var(secret{&n.url}, "nats-url", "NATS server `URL`s, comma-separated; default the context's, else "+DefaultNATSURL+" [JETSYNC_NATS_URL]")
+	bindVar(fs, secret{&n.url}, "JETSYNC_NATS_URL", "")
 	// The nats CLI reads NATS_CONTEXT; jetsync's own variable beats it.
-	fs.StringVar(&n.context, "nats-context", e.str("JETSYNC_NATS_CONTEXT", e.str("NATS_CONTEXT", "")), "nats CLI context `name` (~/.config/nats/context/<name>.json) for the URL, credentials and TLS; \".\" is the context `nats context select` chose [JETSYNC_NATS_CONTEXT, else NATS_CONTEXT]")
-	fs.StringVar(&n.creds, "nats-creds", e.str("JETSYNC_NATS_CREDS", ""), "NATS credentials `file` (user JWT and nkey seed) [JETSYNC_NATS_CREDS]")
-	fs.StringVar(&n.nkey, "nats-nkey", e.str("JETSYNC_NATS_NKEY", ""), "NATS user nkey seed `file` [JETSYNC_NATS_NKEY]")
-	fs.StringVar(&n.user, "nats-user", e.str("JETSYNC_NATS_USER", ""), "NATS user name, with -nats-password [JETSYNC_NATS_USER]")
+	e.strVar(fs, &n.context, "JETSYNC_NATS_CONTEXT", e.str("NATS_CONTEXT", ""))
+	e.strVar(fs, &n.creds, "JETSYNC_NATS_CREDS", "")
+	e.strVar(fs, &n.nkey, "JETSYNC_NATS_NKEY", "")
+	e.strVar(fs, &n.user, "JETSYNC_NATS_USER", "")
 	n.password = e.str("JETSYNC_NATS_PASSWORD", "")
-	fs.Var(hidden{&n.password}, "nats-password", "NATS password [JETSYNC_NATS_PASSWORD]")
+	bindVar(fs, hidden{&n.password}, "JETSYNC_NATS_PASSWORD", "")
 	n.token = e.str("JETSYNC_NATS_TOKEN", "")
-	fs.Var(hidden{&n.token}, "nats-token", "NATS authentication token [JETSYNC_NATS_TOKEN]")
-	fs.StringVar(&n.tlsCA, "nats-tls-ca", e.str("JETSYNC_NATS_TLS_CA", ""), "PEM `file` of the CAs that sign the NATS server's certificate; default the system's [JETSYNC_NATS_TLS_CA]")
-	fs.StringVar(&n.tlsCert, "nats-tls-cert", e.str("JETSYNC_NATS_TLS_CERT", ""), "PEM client certificate `file` for NATS TLS, with -nats-tls-key [JETSYNC_NATS_TLS_CERT]")
-	fs.StringVar(&n.tlsKey, "nats-tls-key", e.str("JETSYNC_NATS_TLS_KEY", ""), "PEM client key `file` for NATS TLS, with -nats-tls-cert [JETSYNC_NATS_TLS_KEY]")
+	bindVar(fs, hidden{&n.token}, "JETSYNC_NATS_TOKEN", "")
+	e.strVar(fs, &n.tlsCA, "JETSYNC_NATS_TLS_CA", "")
+	e.strVar(fs, &n.tlsCert, "JETSYNC_NATS_TLS_CERT", "")
+	e.strVar(fs, &n.tlsKey, "JETSYNC_NATS_TLS_KEY", "")
 	n.configDir = natsConfigDir(e)
 }
 

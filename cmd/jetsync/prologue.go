@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/streams"
 )
 
 // flagGroup is a group of a subcommand's flags that checks itself once
@@ -33,7 +36,23 @@ func startRole(ctx context.Context, fs *flag.FlagSet, e *env, summary string, ar
 			return role{}, ctx, nil, err
 		}
 	}
-	return rf.start(ctx, stderr)
+	// The shard is checked again, with its error, by start.
+	notes, err := checkSettings(strings.TrimPrefix(fs.Name(), "jetsync "), fs, e, streams.Shard{App: rf.appID, Num: rf.shardNum})
+	if err != nil {
+		return role{}, ctx, nil, err
+	}
+	rl, ctx, stop, err := rf.start(ctx, stderr)
+	if err != nil {
+		return rl, ctx, stop, err
+	}
+	for _, n := range notes {
+		if n.why == "" {
+			rl.log.Info(n.msg, "setting", n.env)
+			continue
+		}
+		rl.log.Info(n.msg, "setting", n.env, "why", n.why)
+	}
+	return rl, ctx, stop, nil
 }
 
 // connect connects to the external NATS server as name, checks its sync

@@ -34,16 +34,16 @@ func cmdProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var c proxyFlags
 	e := newEnv()
 	fs := flag.NewFlagSet("jetsync proxy", flag.ContinueOnError)
-	fs.StringVar(&c.logLevel, "log-level", e.str("ZERO_LOG_LEVEL", "info"), "debug, info, warn or error [ZERO_LOG_LEVEL]")
-	fs.StringVar(&c.logFormat, "log-format", e.str("ZERO_LOG_FORMAT", "text"), "text or json [ZERO_LOG_FORMAT]")
-	fs.StringVar(&c.listen, "listen", e.str("JETSYNC_PROXY_LISTEN", fmt.Sprintf(":%d", DefaultPort)), "`address` to accept connections on; port 0 picks a free port [JETSYNC_PROXY_LISTEN]")
+	e.strVar(fs, &c.logLevel, "ZERO_LOG_LEVEL", "info")
+	e.strVar(fs, &c.logFormat, "ZERO_LOG_FORMAT", "text")
+	e.strVar(fs, &c.listen, "JETSYNC_PROXY_LISTEN", fmt.Sprintf(":%d", DefaultPort))
 	for b := range strings.SplitSeq(e.str("JETSYNC_PROXY_BACKENDS", ""), ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			c.backends = append(c.backends, b)
 		}
 	}
 	fromEnv := true
-	fs.Func("backend", "`host:port` of a backend; repeat the flag for each, in order (replaces JETSYNC_PROXY_BACKENDS, a comma-separated list) [JETSYNC_PROXY_BACKENDS]", func(v string) error {
+	fs.Func(settingFor("JETSYNC_PROXY_BACKENDS").flag, settingFor("JETSYNC_PROXY_BACKENDS").usageText(""), func(v string) error {
 		if fromEnv {
 			c.backends, fromEnv = nil, false
 		}

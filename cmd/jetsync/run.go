@@ -40,13 +40,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	e := newEnv()
 	fs := flag.NewFlagSet("jetsync run", flag.ContinueOnError)
 	c.roleFlags.register(fs, e, DefaultPort, "replica.db")
-	c.upstreamFlags.register(fs, e, "upstream Postgres `URL`; unset starts the demo Postgres")
+	c.upstreamFlags.register(fs, e, "; unset starts the demo Postgres")
 	c.auth.register(fs, e)
 	c.backup.register(fs, e)
 	c.restore.register(fs, e, true)
-	fs.StringVar(&c.natsListen, "nats-listen", e.str("JETSYNC_NATS_LISTEN", DefaultNATSListen), "address the embedded NATS server listens on; empty: in-process only; port 0 picks a free port [JETSYNC_NATS_LISTEN]")
-	fs.IntVar(&c.demoPGPort, "demo-pg-port", e.int("JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort), "port of the demo Postgres; 0 picks a free port [JETSYNC_DEMO_PG_PORT]")
-	fs.StringVar(&c.pgBin, "pg-bin", e.str("JETSYNC_PG_BIN", DefaultPGBin), "directory of the Postgres binaries for the demo Postgres [JETSYNC_PG_BIN]")
+	e.strVar(fs, &c.natsListen, "JETSYNC_NATS_LISTEN", DefaultNATSListen)
+	e.intVar(fs, &c.demoPGPort, "JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort)
+	e.strVar(fs, &c.pgBin, "JETSYNC_PG_BIN", DefaultPGBin)
 	rl, ctx, stop, err := startRole(ctx, fs, e, runSummary, args, stdout, stderr, &c.roleFlags, &c.upstreamFlags, &c.backup, &c.restore)
 	if err != nil {
 		return err

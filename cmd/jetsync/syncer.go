@@ -34,7 +34,9 @@ type syncFlags struct {
 	leaseTTL  time.Duration
 	advertise string
 	cvrFile   string
-	gc        cvrstore.GCConfig
+	// maxPayload is zero-cache's ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES.
+	maxPayload int
+	gc         cvrstore.GCConfig
 
 	// api is the app's API server (ZERO_QUERY_*, ZERO_MUTATE_* and their
 	// deprecated aliases); revalidate and retransform pace auth maintenance.
@@ -44,23 +46,24 @@ type syncFlags struct {
 
 func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
 	a.secret = e.str("ZERO_AUTH_SECRET", "")
-	fs.Var(hidden{&a.secret}, "auth-secret", "shared secret verifying HS256/384/512 JWTs [ZERO_AUTH_SECRET]")
+	bindVar(fs, hidden{&a.secret}, "ZERO_AUTH_SECRET", "")
 	// A JWK is usually public, but an "oct" one is a secret.
 	a.jwk = e.str("ZERO_AUTH_JWK", "")
-	fs.Var(hidden{&a.jwk}, "auth-jwk", "JSON Web Key verifying JWTs (RS*, PS*, ES*, EdDSA; HS* for an oct key) [ZERO_AUTH_JWK]")
-	fs.StringVar(&a.jwksURL, "auth-jwks-url", e.str("ZERO_AUTH_JWKS_URL", ""), "URL of a JSON Web Key Set verifying JWTs; cached, refetched for an unknown kid [ZERO_AUTH_JWKS_URL]")
-	fs.StringVar(&a.issuer, "auth-issuer", e.str("ZERO_AUTH_ISSUER", ""), "required iss claim [ZERO_AUTH_ISSUER]")
-	fs.StringVar(&a.audience, "auth-audience", e.str("ZERO_AUTH_AUDIENCE", ""), "required aud claim [ZERO_AUTH_AUDIENCE]")
-	fs.DurationVar(&a.groupIdle, "group-idle", e.duration("JETSYNC_GROUP_IDLE", viewsyncer.DefaultGroupIdle), "how long a client group without connections stays in memory before its pipelines and lease are let go [JETSYNC_GROUP_IDLE]")
-	fs.DurationVar(&a.leaseTTL, "cvr-lease-ttl", e.duration("JETSYNC_CVR_LEASE_TTL", cvrstore.DefaultLeaseTTL), "how long a view-syncer's ownership of a client group lasts unrenewed; a peer takes a dead one's groups after it [JETSYNC_CVR_LEASE_TTL]")
-	fs.StringVar(&a.advertise, "advertise-address", e.str("JETSYNC_ADVERTISE_ADDRESS", ""), "where peers reach this view-syncer's sync endpoint (ws://host:port); default ws://<hostname>:<port> [JETSYNC_ADVERTISE_ADDRESS]")
-	fs.StringVar(&a.cvrFile, "cvr-file", e.str("JETSYNC_CVR_FILE", ""), "SQLite file caching the CVR projection; default <data-dir>/cvr.db [JETSYNC_CVR_FILE]")
+	bindVar(fs, hidden{&a.jwk}, "ZERO_AUTH_JWK", "")
+	e.strVar(fs, &a.jwksURL, "ZERO_AUTH_JWKS_URL", "")
+	e.strVar(fs, &a.issuer, "ZERO_AUTH_ISSUER", "")
+	e.strVar(fs, &a.audience, "ZERO_AUTH_AUDIENCE", "")
+	e.durationVar(fs, &a.groupIdle, "JETSYNC_GROUP_IDLE", viewsyncer.DefaultGroupIdle)
+	e.durationVar(fs, &a.leaseTTL, "JETSYNC_CVR_LEASE_TTL", cvrstore.DefaultLeaseTTL)
+	e.strVar(fs, &a.advertise, "JETSYNC_ADVERTISE_ADDRESS", "")
+	e.strVar(fs, &a.cvrFile, "JETSYNC_CVR_FILE", "")
 	a.gc.Inactivity = e.units("ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS", cvrstore.DefaultGCInactivity, time.Hour)
-	fs.Var(units{&a.gc.Inactivity, time.Hour}, "cvr-garbage-collection-inactivity-threshold-hours", "hours (fractions allowed) after which an inactive client group's CVR may be purged; its clients then start over [ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS]")
+	bindVar(fs, units{&a.gc.Inactivity, time.Hour}, "ZERO_CVR_GARBAGE_COLLECTION_INACTIVITY_THRESHOLD_HOURS", "")
 	a.gc.Interval = e.units("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", cvrstore.DefaultGCInterval, time.Second)
-	fs.Var(units{&a.gc.Interval, time.Second}, "cvr-garbage-collection-initial-interval-seconds", "seconds between CVR garbage-collection passes while there is work; doubles up to 16 minutes while there is none [ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS]")
+	bindVar(fs, units{&a.gc.Interval, time.Second}, "ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", "")
+	e.intVar(fs, &a.maxPayload, "ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES", viewsyncer.DefaultMaxPayloadBytes)
 	a.registerAPI(fs, e)
-	fs.IntVar(&a.gc.BatchSize, "cvr-garbage-collection-initial-batch-size", e.int("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE", cvrstore.DefaultGCBatchSize), "CVRs purged per pass at first, growing while inactive ones accumulate; 0 disables garbage collection [ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE]")
+	e.intVar(fs, &a.gc.BatchSize, "ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE", cvrstore.DefaultGCBatchSize)
 }
 
 // registerAPI registers the API-server settings. Their environment goes
@@ -73,20 +76,20 @@ func (a *syncFlags) registerAPI(fs *flag.FlagSet, e *env) {
 	}
 	a.api = cfg
 	for _, ep := range []struct {
-		flag, env string
-		e         *appapi.Endpoint
-		alias     string
-	}{{"query", "ZERO_QUERY", &a.api.Query, "ZERO_GET_QUERIES_URL"}, {"mutate", "ZERO_MUTATE", &a.api.Mutate, "ZERO_PUSH_URL"}} {
-		fs.Var(list{&ep.e.URLs}, ep.flag+"-url", "comma-separated URL patterns of the app's "+ep.flag+" endpoint; the first is the default, a client's own URL must match one (alias "+ep.alias+") ["+ep.env+"_URL]")
-		fs.Var(hidden{&ep.e.APIKey}, ep.flag+"-api-key", "sent to the "+ep.flag+" endpoint as X-Api-Key ["+ep.env+"_API_KEY]")
-		fs.BoolVar(&ep.e.ForwardCookies, ep.flag+"-forward-cookies", ep.e.ForwardCookies, "forward the websocket upgrade request's Cookie header to the "+ep.flag+" endpoint ["+ep.env+"_FORWARD_COOKIES]")
-		fs.Var(list{&ep.e.AllowedClientHeaders}, ep.flag+"-allowed-client-headers", "comma-separated header names the client's own "+ep.flag+" headers may set ["+ep.env+"_ALLOWED_CLIENT_HEADERS]")
-		fs.Var(list{&ep.e.AllowedRequestHeaders}, ep.flag+"-allowed-request-headers", "comma-separated header names copied from the upgrade request to the "+ep.flag+" endpoint ["+ep.env+"_ALLOWED_REQUEST_HEADERS]")
+		env string
+		e   *appapi.Endpoint
+	}{{"ZERO_QUERY", &a.api.Query}, {"ZERO_MUTATE", &a.api.Mutate}} {
+		bindVar(fs, list{&ep.e.URLs}, ep.env+"_URL", "")
+		bindVar(fs, hidden{&ep.e.APIKey}, ep.env+"_API_KEY", "")
+		fc := settingFor(ep.env + "_FORWARD_COOKIES")
+		fs.BoolVar(&ep.e.ForwardCookies, fc.flag, ep.e.ForwardCookies, fc.usageText(""))
+		bindVar(fs, list{&ep.e.AllowedClientHeaders}, ep.env+"_ALLOWED_CLIENT_HEADERS", "")
+		bindVar(fs, list{&ep.e.AllowedRequestHeaders}, ep.env+"_ALLOWED_REQUEST_HEADERS", "")
 	}
 	a.revalidate = e.units(auth.EnvRevalidateInterval, auth.DefaultRevalidateInterval, time.Second)
-	fs.Var(units{&a.revalidate, time.Second}, "auth-revalidate-interval-seconds", "seconds after which a validated connection's credentials are checked again with the query endpoint; 0 disables ["+auth.EnvRevalidateInterval+"]")
+	bindVar(fs, units{&a.revalidate, time.Second}, auth.EnvRevalidateInterval, "")
 	a.retransform = e.units(auth.EnvRetransformInterval, auth.DefaultRetransformInterval, time.Second)
-	fs.Var(units{&a.retransform, time.Second}, "auth-retransform-interval-seconds", "seconds between re-transforms of a client group's synced queries with its background connection's credentials; 0 disables ["+auth.EnvRetransformInterval+"]")
+	bindVar(fs, units{&a.retransform, time.Second}, auth.EnvRetransformInterval, "")
 }
 
 // list is a comma-separated list flag.
@@ -199,6 +202,7 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		API:                 a.api,
 		RevalidateInterval:  a.revalidate,
 		RetransformInterval: a.retransform,
+		MaxPayloadBytes:     int64(a.maxPayload),
 		Logger:              log,
 		Registerer:          rl.metrics.For("view-syncer"),
 	})

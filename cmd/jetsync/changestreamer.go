@@ -26,10 +26,7 @@ type changeStreamerFlags struct {
 	restore restoreFlags
 }
 
-func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	var c changeStreamerFlags
-	e := newEnv()
-	fs := flag.NewFlagSet("jetsync change-streamer", flag.ContinueOnError)
+func (c *changeStreamerFlags) register(fs *flag.FlagSet, e *env) {
 	// zero-cache's change-streamer listens on its port + 1; doing the same
 	// lets the roles share a machine with default settings.
 	c.roleFlags.register(fs, e, DefaultPort+1, "backup-replica.db")
@@ -37,6 +34,13 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 	c.natsFlags.register(fs, e)
 	c.backup.register(fs, e)
 	c.restore.register(fs, e, true)
+}
+
+func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	var c changeStreamerFlags
+	e := newEnv()
+	fs := flag.NewFlagSet("jetsync change-streamer", flag.ContinueOnError)
+	c.register(fs, e)
 	rl, ctx, stop, err := startRole(ctx, fs, e, changeStreamerSummary, args, stdout, stderr, &c.roleFlags,
 		&c.upstreamFlags, &c.backup, &c.restore, check(func() error {
 			if c.upstreamDB == "" {

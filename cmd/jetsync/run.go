@@ -35,10 +35,7 @@ type runFlags struct {
 	pgBin      string
 }
 
-func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	var c runFlags
-	e := newEnv()
-	fs := flag.NewFlagSet("jetsync run", flag.ContinueOnError)
+func (c *runFlags) register(fs *flag.FlagSet, e *env) {
 	c.roleFlags.register(fs, e, DefaultPort, "replica.db")
 	c.upstreamFlags.register(fs, e, "; unset starts the demo Postgres")
 	c.auth.register(fs, e)
@@ -47,6 +44,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	e.strVar(fs, &c.natsListen, "JETSYNC_NATS_LISTEN", DefaultNATSListen)
 	e.intVar(fs, &c.demoPGPort, "JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort)
 	e.strVar(fs, &c.pgBin, "JETSYNC_PG_BIN", DefaultPGBin)
+}
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	var c runFlags
+	e := newEnv()
+	fs := flag.NewFlagSet("jetsync run", flag.ContinueOnError)
+	c.register(fs, e)
 	rl, ctx, stop, err := startRole(ctx, fs, e, runSummary, args, stdout, stderr, &c.roleFlags, &c.upstreamFlags, &c.backup, &c.restore)
 	if err != nil {
 		return err

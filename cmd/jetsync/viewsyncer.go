@@ -12,13 +12,15 @@ own SQLite replica, and the HTTP server on -port: the Zero sync endpoint
 
 func cmdViewSyncer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("jetsync view-syncer", flag.ContinueOnError)
-	return runConsumerRole(ctx, fs, consumerRole{
-		name:        "view-syncer",
-		summary:     viewSyncerSummary,
-		port:        DefaultPort,
-		replicaFile: "view-syncer-replica.db",
-		sync:        true,
-	}, args, stdout, stderr)
+	return runConsumerRole(ctx, fs, viewSyncerRole, args, stdout, stderr)
+}
+
+var viewSyncerRole = consumerRole{
+	name:        "view-syncer",
+	summary:     viewSyncerSummary,
+	port:        DefaultPort,
+	replicaFile: "view-syncer-replica.db",
+	sync:        true,
 }
 
 // consumerRole describes a role built on one replica consumer.
@@ -38,17 +40,21 @@ type consumerFlags struct {
 	restore restoreFlags
 }
 
-// runConsumerRole runs a replica consumer and the HTTP server against an
-// external NATS server until ctx ends.
-func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args []string, stdout, stderr io.Writer) error {
-	var c consumerFlags
-	e := newEnv()
+func (c *consumerFlags) register(fs *flag.FlagSet, e *env, r consumerRole) {
 	c.roleFlags.register(fs, e, r.port, r.replicaFile)
 	c.natsFlags.register(fs, e)
 	if r.sync {
 		c.auth.register(fs, e)
 	}
 	c.restore.register(fs, e, false)
+}
+
+// runConsumerRole runs a replica consumer and the HTTP server against an
+// external NATS server until ctx ends.
+func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args []string, stdout, stderr io.Writer) error {
+	var c consumerFlags
+	e := newEnv()
+	c.register(fs, e, r)
 	rl, ctx, stop, err := startRole(ctx, fs, e, r.summary, args, stdout, stderr, &c.roleFlags, &c.restore)
 	if err != nil {
 		return err

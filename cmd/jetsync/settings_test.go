@@ -206,3 +206,44 @@ func TestSettingNotes(t *testing.T) {
 		t.Errorf("JETSYNC_NATS_URL is read by view-syncer, yet noted")
 	}
 }
+
+var updateREADME = flag.Bool("update", false, "rewrite the README's settings section from the settings table")
+
+// TestREADMESettings fails when the README's settings section differs from
+// what the settings table renders; -update rewrites it.
+func TestREADMESettings(t *testing.T) {
+	path := filepath.Join("..", "..", "README.md")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	i, j := strings.Index(readme, settingsBegin), strings.Index(readme, settingsEnd)
+	if i < 0 || j < i {
+		t.Fatalf("README.md lacks the settings markers %q ... %q", settingsBegin, settingsEnd)
+	}
+	got, want := readme[i:j+len(settingsEnd)], settingsMarkdown()
+	if got == want {
+		return
+	}
+	if *updateREADME {
+		if err := os.WriteFile(path, []byte(readme[:i]+want+readme[j+len(settingsEnd):]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("rewrote the settings section of %s", path)
+		return
+	}
+	gl, wl := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for k := 0; k < len(gl) || k < len(wl); k++ {
+		var g, w string
+		if k < len(gl) {
+			g = gl[k]
+		}
+		if k < len(wl) {
+			w = wl[k]
+		}
+		if g != w {
+			t.Fatalf("README.md's settings section differs from the table at its line %d (go test ./cmd/jetsync -run TestREADMESettings -update rewrites it):\nREADME: %s\ntable:  %s", k+1, g, w)
+		}
+	}
+}

@@ -33,6 +33,7 @@ func commands() []command {
 		{"tail", "print live change events", cmdTail},
 		{"replay", "print history, or build a replica as of a point (--into)", cmdReplay},
 		{"backup", "backup now: ask the change-streamer for a snapshot", cmdBackup},
+		{"config", "print a role's effective settings and where each came from, secrets redacted", cmdConfig},
 		{"proxy", "a TCP round-robin proxy in front of view-syncers, for dev and demos", cmdProxy},
 		{"version", "print the version, revision, Go version and sync protocol versions", cmdVersion},
 	}

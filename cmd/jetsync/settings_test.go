@@ -247,3 +247,57 @@ func TestREADMESettings(t *testing.T) {
 		}
 	}
 }
+
+// TestConfig: jetsync config prints each setting's effective value and its
+// source, never a secret, and what the role would do about the settings it
+// does not read.
+func TestConfig(t *testing.T) {
+	for k, v := range map[string]string{
+		"ZERO_AUTH_SECRET":           "hs256-topsecret",
+		"ZERO_QUERY_URL":             "http://api/query",
+		"ZERO_QUERY_API_KEY":         "api-topsecret",
+		"JETSYNC_NATS_URL":           "nats://u:natspw-topsecret@nats:4222",
+		"ZERO_CVR_DB":                "postgres://u:cvrpw-topsecret@pg/cvr",
+		"ZERO_ADMIN_PASSWORD":        "admin-topsecret",
+		"ZERO_PUSH_URL":              "http://api/push",
+		"ZERO_ENABLE_CRUD_MUTATIONS": "true",
+		"ZERO_UPSTREAM_DB":           "postgres://u:uppw-topsecret@pg/app",
+		"ZERO_PORT":                  "5000",
+	} {
+		t.Setenv(k, v)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := mainExit(context.Background(), []string{"config", "view-syncer", "-port", "5001", "-app-id", "app"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	if strings.Contains(out, "topsecret") {
+		t.Errorf("config shows a secret:\n%s", out)
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 {
+			rows[f[0]] = f[1:]
+		}
+	}
+	for env, want := range map[string]string{
+		"ZERO_PORT":                  "5001 flag -port",
+		"ZERO_APP_ID":                "app flag -app-id",
+		"ZERO_SHARD_NUM":             "0 default",
+		"ZERO_AUTH_SECRET":           "(set) env",
+		"ZERO_QUERY_API_KEY":         "(set) env",
+		"ZERO_MUTATE_URL":            "http://api/push env ZERO_PUSH_URL",
+		"JETSYNC_NATS_URL":           "nats://u:xxxxx@nats:4222 env",
+		"ZERO_ADMIN_PASSWORD":        "(set) env no effect:",
+		"ZERO_CVR_DB":                "postgres://u:xxxxx@pg/cvr env no effect: client view records live in the JetStream stream JETSYNC_app_0_CVR",
+		"ZERO_ENABLE_CRUD_MUTATIONS": "true env refused, jetsync view-syncer would not start:",
+		"ZERO_UPSTREAM_DB":           "postgres://u:xxxxx@pg/app env not read by jetsync view-syncer",
+	} {
+		if got := strings.Join(rows[env], " "); !strings.HasPrefix(got, want) {
+			t.Errorf("%s: %q, want it to start %q", env, got, want)
+		}
+	}
+	if code := mainExit(context.Background(), []string{"config", "tail"}, &stdout, &stderr); code != 2 {
+		t.Errorf("config tail: exit %d, want 2", code)
+	}
+}

@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 )
@@ -80,4 +83,46 @@ func (p *proc) logRecords(msg string) []map[string]any {
 		}
 	}
 	return recs
+}
+
+// TestSettings_WebsocketMaxPayload: ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES is
+// honoured as zero-cache honours it: a client message over the limit closes
+// its connection with 1009 (message too big), one under it is served.
+func TestSettings_WebsocketMaxPayload(t *testing.T) {
+	upstream := pgtest.NewDB(t, pgtest.Start(t))
+	p := start(t, runEnv(t, upstream, 0, "ZERO_APP_PUBLICATIONS=", "ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES=4000"), "run")
+	port := int(p.logRecord(t, "http listening", 60*time.Second)["port"].(float64))
+	srv := &syncServer{url: fmt.Sprintf("http://127.0.0.1:%d", port), proc: p}
+	waitHealthy(t, p, srv.url, 90*time.Second)
+
+	c := dialSync(t, srv, "g1", "c1", "", "")
+	ping := func(pad int) error {
+		return c.ws.WriteMessage(websocket.TextMessage, []byte(`["ping",{"pad":"`+strings.Repeat("x", pad)+`"}]`))
+	}
+	// readTag reads frames until one tagged want, or the socket's error.
+	readTag := func(want string) error {
+		for {
+			_ = c.ws.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, data, err := c.ws.ReadMessage()
+			if err != nil {
+				return err
+			}
+			if strings.HasPrefix(string(data), `["`+want+`"`) {
+				return nil
+			}
+		}
+	}
+	if err := ping(3000); err != nil {
+		t.Fatal(err)
+	}
+	if err := readTag("pong"); err != nil {
+		t.Fatalf("a 3000-byte ping under the 4000-byte limit: %v", err)
+	}
+	if err := ping(5000); err != nil {
+		t.Fatal(err)
+	}
+	err := readTag("pong")
+	if !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
+		t.Fatalf("a 5000-byte ping over the 4000-byte limit: %v; want close %d", err, websocket.CloseMessageTooBig)
+	}
 }

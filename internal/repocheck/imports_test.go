@@ -23,6 +23,8 @@ var mayImport = map[string][]string{
 	"streams":     {"streams"}, // the package streams itself: nothing (see rootImportsNothing)
 	"nats-config": {"nats-config"},
 	"internal":    {"internal"},
+	// Programs for users to copy: the contract and nothing else.
+	"examples": {"streams"},
 }
 
 // rootImportsNothing are packages that import nothing of the module's in

@@ -1,0 +1,495 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
+	"github.com/jetsync/jetsync/streams"
+)
+
+// The examples tests (issue 18, point 3) run each analytics consumer under
+// examples/ against `jetsync run` with a real Postgres, as a user would: rows
+// are written with SQL while the consumer is SIGKILLed and restarted and
+// jetsync itself restarts, and the consumer's per-table counts must then be
+// exactly what the SQL did: no gap, no duplicate.
+
+// exTables are the upstream tables of the examples tests, with their seed
+// rows (the initial sync's backfill, not inserts).
+var exTables = map[string]int{"item": 40, "note": 15}
+
+// exCounts are one table's counts as the examples report them.
+type exCounts struct {
+	Insert   int64 `json:"insert"`
+	Update   int64 `json:"update"`
+	Delete   int64 `json:"delete"`
+	Truncate int64 `json:"truncate"`
+	Backfill int64 `json:"backfill"`
+}
+
+// exReport is one JSON report line of an example consumer (-json).
+type exReport struct {
+	Seq          uint64               `json:"seq"`
+	Watermark    string               `json:"watermark"`
+	Transactions int64                `json:"transactions"`
+	Tables       map[string]*exCounts `json:"tables"`
+	RatePerSec   float64              `json:"ratePerSec"`
+}
+
+// exRig is an upstream, `jetsync run` on it with a NATS listener, and a
+// client of that NATS.
+type exRig struct {
+	t        *testing.T
+	upstream string
+	pg       *pgx.Conn
+	env      []string
+	natsURL  string
+	httpURL  string
+	srv      *proc
+	js       jetstream.JetStream
+	shard    streams.Shard
+}
+
+func newExRig(t *testing.T) *exRig {
+	t.Helper()
+	pgBin(t)
+	upstream := pgtest.NewDB(t, pgtest.Start(t))
+	pg, err := pgx.Connect(context.Background(), upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close(context.Background()) })
+	ddl := fmt.Sprintf(`
+		CREATE TABLE item (id int8 PRIMARY KEY, v text NOT NULL, n int4 NOT NULL DEFAULT 0);
+		CREATE TABLE note (id int8 PRIMARY KEY, body text);
+		INSERT INTO item (id, v) SELECT g, 'seed ' || g FROM generate_series(1, %d) g;
+		INSERT INTO note (id, body) SELECT g, 'seed ' || g FROM generate_series(1, %d) g;
+		CREATE PUBLICATION %s FOR TABLE item, note;`, exTables["item"], exTables["note"], zeroPublication)
+	if _, err := pg.Exec(context.Background(), ddl); err != nil {
+		t.Fatal(err)
+	}
+	natsPort, httpPort := freePort(t), freePort(t)
+	r := &exRig{
+		t:        t,
+		upstream: upstream,
+		pg:       pg,
+		env:      runEnv(t, upstream, httpPort, fmt.Sprintf("JETSYNC_NATS_LISTEN=127.0.0.1:%d", natsPort)),
+		natsURL:  fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
+		httpURL:  fmt.Sprintf("http://127.0.0.1:%d", httpPort),
+		shard:    streams.Shard{App: zeroAppID},
+	}
+	r.startJetsync()
+	nc, err := nats.Connect(r.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if r.js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *exRig) startJetsync() {
+	r.t.Helper()
+	r.srv = start(r.t, r.env, "run")
+	waitHealthy(r.t, r.srv, r.httpURL, 60*time.Second)
+}
+
+// restartJetsync stops `jetsync run` with SIGTERM and starts it again on
+// the same data, ports and upstream.
+func (r *exRig) restartJetsync() {
+	r.t.Helper()
+	if code := r.srv.stop(r.t, 30*time.Second); code != 0 {
+		r.t.Fatalf("jetsync run exited %d on SIGTERM:\n%s", code, r.srv.stderr.String())
+	}
+	r.startJetsync()
+}
+
+// tail is the change stream's last message: its watermark and whether it
+// completes a transaction.
+func (r *exRig) tail() (wm string, complete bool) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := r.js.Stream(ctx, r.shard.ChangesStream())
+	if err != nil {
+		return "", false // jetsync may be restarting
+	}
+	m, err := stream.GetLastMsgForSubject(ctx, r.shard.ChangesFilter())
+	if err != nil {
+		return "", false
+	}
+	return m.Header.Get(streams.HeaderWatermark), m.Header.Get(streams.HeaderCommit) != ""
+}
+
+// exWriter writes transactions from one client until stopped, and counts
+// the row changes each kind of statement made, per table.
+type exWriter struct {
+	t     *testing.T
+	conn  *pgx.Conn
+	r     *rand.Rand
+	mu    sync.Mutex
+	want  map[string]*exCounts // committed only
+	txs   int // committed transactions that changed a row
+	next  map[string]int64 // the next free ID per table
+	stopc chan struct{}
+	done  chan struct{}
+	err   error
+}
+
+func startExWriter(t *testing.T, upstream string, seed uint64) *exWriter {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &exWriter{t: t, conn: conn, r: rand.New(rand.NewPCG(seed, 18)), want: map[string]*exCounts{},
+		next: map[string]int64{}, stopc: make(chan struct{}), done: make(chan struct{})}
+	for table, n := range exTables {
+		w.want["public."+table] = &exCounts{Backfill: int64(n)}
+		w.next[table] = int64(n) + 1
+	}
+	go w.run()
+	t.Cleanup(func() {
+		w.stop()
+		conn.Close(context.Background())
+	})
+	return w
+}
+
+func (w *exWriter) run() {
+	defer close(w.done)
+	for i := 1; ; i++ {
+		select {
+		case <-w.stopc:
+			return
+		case <-time.After(4 * time.Millisecond):
+		}
+		if err := w.tx(i%150 == 0); err != nil {
+			w.err = err
+			return
+		}
+	}
+}
+
+// tx commits one transaction of 1-4 random statements, or a big one that
+// spans several messages.
+func (w *exWriter) tx(big bool) error {
+	ctx := context.Background()
+	tx, err := w.conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	got := map[string]*exCounts{}
+	add := func(table string, f func(c *exCounts) *int64, sql string, args ...any) error {
+		tag, err := tx.Exec(ctx, sql, args...)
+		if err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+		c := got["public."+table]
+		if c == nil {
+			c = &exCounts{}
+			got["public."+table] = c
+		}
+		*f(c) += tag.RowsAffected()
+		return nil
+	}
+	ins := func(c *exCounts) *int64 { return &c.Insert }
+	upd := func(c *exCounts) *int64 { return &c.Update }
+	del := func(c *exCounts) *int64 { return &c.Delete }
+	next := maps.Clone(w.next)
+	if big {
+		// About 1.5 MB of rows: three messages or more.
+		n := int64(1500)
+		if err := add("item", ins, `INSERT INTO item (id, v) SELECT g, repeat(md5(g::text), 30) FROM generate_series($1::int8, $2::int8) g`,
+			next["item"], next["item"]+n-1); err != nil {
+			return err
+		}
+		next["item"] += n
+		if err := add("note", upd, `UPDATE note SET body = 'big ' || id WHERE id % 3 = 0`); err != nil {
+			return err
+		}
+		if err := add("item", del, `DELETE FROM item WHERE id BETWEEN $1 AND $2`, next["item"]-n, next["item"]-n/2); err != nil {
+			return err
+		}
+	} else {
+		for range 1 + w.r.IntN(4) {
+			table := "item"
+			if w.r.IntN(3) == 0 {
+				table = "note"
+			}
+			col := map[string]string{"item": "v", "note": "body"}[table]
+			hi := next[table]
+			switch k := w.r.IntN(10); {
+			case k < 5:
+				n := int64(1 + w.r.IntN(3))
+				if err := add(table, ins, fmt.Sprintf(`INSERT INTO %s (id, %s) SELECT g, 'w' || g FROM generate_series($1::int8, $2::int8) g`, table, col),
+					hi, hi+n-1); err != nil {
+					return err
+				}
+				next[table] += n
+			case k < 8:
+				lo := 1 + w.r.Int64N(hi)
+				if err := add(table, upd, fmt.Sprintf(`UPDATE %s SET %s = %s || '+' WHERE id BETWEEN $1 AND $2`, table, col, col), lo, lo+2); err != nil {
+					return err
+				}
+			default:
+				id := 1 + w.r.Int64N(hi)
+				if err := add(table, del, fmt.Sprintf(`DELETE FROM %s WHERE id = $1`, table), id); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.next = next
+	changed := false
+	for table, c := range got {
+		changed = changed || *c != exCounts{}
+		want := w.want[table]
+		want.Insert += c.Insert
+		want.Update += c.Update
+		want.Delete += c.Delete
+	}
+	// Postgres sends no changes for a transaction that changed no row,
+	// and the stream has none of it.
+	if changed {
+		w.txs++
+	}
+	return nil
+}
+
+func (w *exWriter) stop() error {
+	select {
+	case <-w.stopc:
+	default:
+		close(w.stopc)
+	}
+	<-w.done
+	return w.err
+}
+
+func (w *exWriter) committed() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.txs
+}
+
+// exConsumer starts one example consumer against natsURL with its state
+// in stateFile, printing JSON reports on stdout.
+type exConsumer func(t *testing.T, natsURL, stateFile string) *proc
+
+// lastReport is the consumer's last JSON report, nil before its first.
+func lastReport(t *testing.T, p *proc) *exReport {
+	t.Helper()
+	var last *exReport
+	sc := bufio.NewScanner(strings.NewReader(p.stdout.String()))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 || line[0] != '{' {
+			continue
+		}
+		var r exReport
+		if err := json.Unmarshal(line, &r); err != nil {
+			continue // a line cut short by a kill
+		}
+		last = &r
+	}
+	return last
+}
+
+// waitProgress waits until p reports more than from transactions.
+func waitProgress(t *testing.T, p *proc, from int64, what string) int64 {
+	t.Helper()
+	var n int64
+	waitFor(t, 30*time.Second, what, func() bool {
+		if p.exited() {
+			t.Fatalf("%v exited (%v):\nstdout:\n%s\nstderr:\n%s", p.cmd.Args, p.err, tailLines(p.stdout.String(), 5), p.stderr.String())
+		}
+		if r := lastReport(t, p); r != nil {
+			n = r.Transactions
+		}
+		return n > from
+	})
+	return n
+}
+
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// runExampleConsumer is the scenario every example consumer goes through:
+// writes while it runs, two SIGKILLs mid-stream and a jetsync restart, then
+// exact per-table counts.
+func runExampleConsumer(t *testing.T, startConsumer exConsumer) {
+	began := time.Now()
+	r := newExRig(t)
+	state := filepath.Join(t.TempDir(), "state.json")
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("writer seed %d", seed)
+
+	c := startConsumer(t, r.natsURL, state)
+	// The initial sync first, then writes from a live upstream.
+	waitProgress(t, c, 0, "the consumer to count the initial sync")
+	w := startExWriter(t, r.upstream, seed)
+
+	n := waitProgress(t, c, 20, "the consumer to count 20 transactions")
+	kill(t, c)
+	t.Logf("killed the consumer after %d transactions; the writer had committed %d", n, w.committed())
+	runFor(t, r.srv, 300*time.Millisecond)
+
+	c = startConsumer(t, r.natsURL, state)
+	n = waitProgress(t, c, n+20, "the restarted consumer to go on")
+	r.restartJetsync()
+	t.Logf("restarted jetsync run after %d transactions; the writer had committed %d", n, w.committed())
+	n = waitProgress(t, c, n+20, "the consumer to go on after jetsync's restart")
+
+	// Past a big (multi-message) transaction, so that a kill may fall
+	// inside one.
+	n = waitProgress(t, c, n+150, "the consumer to count a big transaction")
+	kill(t, c)
+	t.Logf("killed the consumer again after %d transactions", n)
+	c = startConsumer(t, r.natsURL, state)
+	waitProgress(t, c, n, "the consumer to resume again")
+
+	if err := w.stop(); err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	w.mu.Lock()
+	want := w.want
+	txs := w.txs
+	w.mu.Unlock()
+	t.Logf("the writer committed %d transactions", txs)
+
+	var got *exReport
+	waitFor(t, 60*time.Second, "the consumer's counts to reach the writer's", func() bool {
+		if c.exited() {
+			t.Fatalf("the consumer exited (%v):\n%s", c.err, c.stderr.String())
+		}
+		got = lastReport(t, c)
+		wm, complete := r.tail()
+		return got != nil && complete && got.Watermark == wm && countsEqual(got.Tables, want)
+	})
+	// Caught up with a stream that no longer grows: nothing more may come.
+	runFor(t, c, 500*time.Millisecond)
+	got = lastReport(t, c)
+	if !countsEqual(got.Tables, want) {
+		t.Errorf("counts changed after catching up: got %s, want %s", jsonString(got.Tables), jsonString(want))
+	}
+	// The writer's transactions, the initial sync, and nothing else.
+	if got.Transactions != int64(txs)+1 {
+		t.Errorf("%d transactions counted; want the initial sync and the writer's %d", got.Transactions, txs)
+	}
+	// The state file agrees with what was printed.
+	if code := c.stop(t, 10*time.Second); code != 0 {
+		t.Errorf("the consumer exited %d on SIGTERM:\n%s", code, c.stderr.String())
+	}
+	var saved exReport
+	data, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &saved); err != nil {
+		t.Fatalf("state file: %v\n%s", err, data)
+	}
+	if !countsEqual(saved.Tables, want) || saved.Watermark != got.Watermark {
+		t.Errorf("state file %s; want the counts %s at %s", data, jsonString(want), got.Watermark)
+	}
+	t.Logf("%d transactions, counts %s, in %s", got.Transactions, jsonString(got.Tables), time.Since(began).Round(time.Millisecond))
+}
+
+// countsEqual compares the tables the writer writes; others (jetsync's own
+// shard tables) may appear and are not checked.
+func countsEqual(got, want map[string]*exCounts) bool {
+	for table, w := range want {
+		g := got[table]
+		if g == nil || *g != *w {
+			return false
+		}
+	}
+	return true
+}
+
+func jsonString(v any) string {
+	data, _ := json.Marshal(v)
+	return string(data)
+}
+
+// buildExample builds examples/<dir> into the test's temporary folder.
+func buildExample(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), filepath.Base(dir))
+	cmd := exec.Command("go", "build", "-o", bin, "./examples/"+dir)
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./examples/%s: %v\n%s", dir, err, out)
+	}
+	return bin
+}
+
+// TestExamples_AnalyticsGo runs examples/analytics-go through the
+// scenario.
+func TestExamples_AnalyticsGo(t *testing.T) {
+	bin := buildExample(t, "analytics-go")
+	runExampleConsumer(t, func(t *testing.T, natsURL, stateFile string) *proc {
+		cmd := exec.Command(bin, "-nats", natsURL, "-app", zeroAppID, "-state", stateFile, "-json", "-every", "100ms", "-window", "10s")
+		cmd.Env = baseEnv()
+		return startProc(t, "analytics-go", cmd)
+	})
+}
+
+// exampleNode finds Node 22 and the TypeScript example's installed
+// packages.
+func exampleTS(t *testing.T) (node, main string) {
+	t.Helper()
+	node = nodeBin(t)
+	dir, err := filepath.Abs(filepath.Join("..", "examples", "analytics-ts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@nats-io", "jetstream")); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("examples/analytics-ts has no node_modules under CI (make node-deps): %v", err)
+		}
+		t.Skipf("examples/analytics-ts not installed (make node-deps): %v", err)
+	}
+	return node, filepath.Join(dir, "main.ts")
+}
+
+// TestExamples_AnalyticsTS runs examples/analytics-ts under Node 22
+// through the scenario.
+func TestExamples_AnalyticsTS(t *testing.T) {
+	node, main := exampleTS(t)
+	runExampleConsumer(t, func(t *testing.T, natsURL, stateFile string) *proc {
+		cmd := exec.Command(node, main, "--nats", natsURL, "--app", zeroAppID, "--state", stateFile, "--json", "--every", "100", "--window", "10")
+		cmd.Env = baseEnv()
+		return startProc(t, "analytics-ts", cmd)
+	})
+}

@@ -58,10 +58,16 @@ pg-deps:
 # scratch each time, so it runs only when the lockfile is newer than the
 # install.
 NODE_CLIENT := e2e/client
+# The TypeScript analytics example (examples/analytics-ts) has its own
+# lockfile, installed the same way; it runs under the Node 22 above.
+NODE_EXAMPLE := examples/analytics-ts
 .PHONY: node-deps e2e-reference
-node-deps: $(NODE_CLIENT)/node_modules/.ci-stamp
+node-deps: $(NODE_CLIENT)/node_modules/.ci-stamp $(NODE_EXAMPLE)/node_modules/.ci-stamp
 $(NODE_CLIENT)/node_modules/.ci-stamp: $(NODE_CLIENT)/package-lock.json
 	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+$(NODE_EXAMPLE)/node_modules/.ci-stamp: $(NODE_EXAMPLE)/package-lock.json
+	cd $(NODE_EXAMPLE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # e2e-reference runs the Zero client suite against zero-cache 1.9.0 itself,

@@ -465,7 +465,7 @@ func TestExamples_AnalyticsGo(t *testing.T) {
 	})
 }
 
-// exampleNode finds Node 22 and the TypeScript example's installed
+// exampleTS finds Node 22 and the TypeScript example's installed
 // packages.
 func exampleTS(t *testing.T) (node, main string) {
 	t.Helper()
@@ -492,4 +492,15 @@ func TestExamples_AnalyticsTS(t *testing.T) {
 		cmd.Env = baseEnv()
 		return startProc(t, "analytics-ts", cmd)
 	})
+}
+
+// TestExamples_AnalyticsTSTypes type-checks examples/analytics-ts with its
+// pinned TypeScript: Node runs the file with its types stripped, unchecked.
+func TestExamples_AnalyticsTSTypes(t *testing.T) {
+	node, main := exampleTS(t)
+	dir := filepath.Dir(main)
+	cmd := exec.Command(node, filepath.Join(dir, "node_modules", "typescript", "bin", "tsc"), "-p", dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("tsc -p examples/analytics-ts: %v\n%s", err, out)
+	}
 }

@@ -146,8 +146,8 @@ type exWriter struct {
 	r     *rand.Rand
 	mu    sync.Mutex
 	want  map[string]*exCounts // committed only
-	txs   int // committed transactions that changed a row
-	next  map[string]int64 // the next free ID per table
+	txs   int                  // committed transactions that changed a row
+	next  map[string]int64     // the next free ID per table
 	stopc chan struct{}
 	done  chan struct{}
 	err   error

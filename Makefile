@@ -37,9 +37,9 @@ run: pg-deps build
 	./$(BIN) run
 
 # deps installs what the tests need and a fresh machine lacks: Postgres 15
-# (the tests and the demo run their own clusters from its binaries) and Node
-# 22 with the Zero client.
-deps: pg-deps node-deps
+# (the tests and the demo run their own clusters from its binaries), Node
+# 22 with the Zero client, and the nats CLI and jq for the CLI walkthrough.
+deps: pg-deps node-deps nats-cli
 
 # pg-deps installs Debian's postgresql-15 when its binaries are missing,
 # keeping the package from creating and starting a cluster of its own.
@@ -52,6 +52,20 @@ pg-deps:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql-15 postgresql-client-15; \
 	fi
+
+# nats-cli installs the stock nats CLI into .tools/bin for the walkthrough
+# in examples/nats-cli (its test runs the README's commands), and jq, which
+# the walkthrough uses, when it is missing.
+NATS_CLI_VERSION := v0.5.0
+.PHONY: nats-cli
+nats-cli: .tools/bin/nats
+	@if ! command -v jq >/dev/null; then \
+		echo "installing jq"; \
+		SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends jq; \
+	fi
+.tools/bin/nats:
+	GOBIN=$(CURDIR)/.tools/bin CGO_ENABLED=0 $(GO) install github.com/nats-io/natscli/nats@$(NATS_CLI_VERSION)
 
 # node-deps installs Node 22, the real Zero client and zero-cache for the e2e
 # client tests, as pinned in e2e/client/package-lock.json. npm ci starts from

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -65,7 +66,18 @@ type exRig struct {
 	shard    streams.Shard
 }
 
-func newExRig(t *testing.T) *exRig {
+// exSetup is the upstream of the consumer tests: two tables with seed rows
+// and the publication runEnv names.
+var exSetup = fmt.Sprintf(`
+	CREATE TABLE item (id int8 PRIMARY KEY, v text NOT NULL, n int4 NOT NULL DEFAULT 0);
+	CREATE TABLE note (id int8 PRIMARY KEY, body text);
+	INSERT INTO item (id, v) SELECT g, 'seed ' || g FROM generate_series(1, %d) g;
+	INSERT INTO note (id, body) SELECT g, 'seed ' || g FROM generate_series(1, %d) g;
+	CREATE PUBLICATION %s FOR TABLE item, note;`, exTables["item"], exTables["note"], zeroPublication)
+
+// newExRig loads setupSQL into a new upstream and starts `jetsync run` on
+// it for app, with extra settings last.
+func newExRig(t *testing.T, app, setupSQL string, extra ...string) *exRig {
 	t.Helper()
 	pgBin(t)
 	upstream := pgtest.NewDB(t, pgtest.Start(t))
@@ -74,24 +86,19 @@ func newExRig(t *testing.T) *exRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Close(context.Background()) })
-	ddl := fmt.Sprintf(`
-		CREATE TABLE item (id int8 PRIMARY KEY, v text NOT NULL, n int4 NOT NULL DEFAULT 0);
-		CREATE TABLE note (id int8 PRIMARY KEY, body text);
-		INSERT INTO item (id, v) SELECT g, 'seed ' || g FROM generate_series(1, %d) g;
-		INSERT INTO note (id, body) SELECT g, 'seed ' || g FROM generate_series(1, %d) g;
-		CREATE PUBLICATION %s FOR TABLE item, note;`, exTables["item"], exTables["note"], zeroPublication)
-	if _, err := pg.Exec(context.Background(), ddl); err != nil {
+	if _, err := pg.Exec(context.Background(), setupSQL); err != nil {
 		t.Fatal(err)
 	}
 	natsPort, httpPort := freePort(t), freePort(t)
+	extra = append([]string{"ZERO_APP_ID=" + app, fmt.Sprintf("JETSYNC_NATS_LISTEN=127.0.0.1:%d", natsPort)}, extra...)
 	r := &exRig{
 		t:        t,
 		upstream: upstream,
 		pg:       pg,
-		env:      runEnv(t, upstream, httpPort, fmt.Sprintf("JETSYNC_NATS_LISTEN=127.0.0.1:%d", natsPort)),
+		env:      runEnv(t, upstream, httpPort, extra...),
 		natsURL:  fmt.Sprintf("nats://127.0.0.1:%d", natsPort),
 		httpURL:  fmt.Sprintf("http://127.0.0.1:%d", httpPort),
-		shard:    streams.Shard{App: zeroAppID},
+		shard:    streams.Shard{App: app},
 	}
 	r.startJetsync()
 	nc, err := nats.Connect(r.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
@@ -349,7 +356,7 @@ func tailLines(s string, n int) string {
 // exact per-table counts.
 func runExampleConsumer(t *testing.T, startConsumer exConsumer) {
 	began := time.Now()
-	r := newExRig(t)
+	r := newExRig(t, zeroAppID, exSetup)
 	state := filepath.Join(t.TempDir(), "state.json")
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("writer seed %d", seed)
@@ -503,4 +510,125 @@ func TestExamples_AnalyticsTSTypes(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("tsc -p examples/analytics-ts: %v\n%s", err, out)
 	}
+}
+
+// natsCLI is the stock nats CLI: $JETSYNC_NATS_CLI, else .tools/bin/nats,
+// which `make nats-cli` installs.
+func natsCLI(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("JETSYNC_NATS_CLI")
+	if bin == "" {
+		var err error
+		if bin, err = filepath.Abs(filepath.Join("..", ".tools", "bin", "nats")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(bin); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("nats CLI missing under CI (make nats-cli): %v", err)
+		}
+		t.Skipf("nats CLI not installed (make nats-cli): %v", err)
+	}
+	return bin
+}
+
+// shBlocks returns the fenced sh blocks of a markdown file, in order.
+func shBlocks(t *testing.T, file string) string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	in := false
+	for line := range strings.SplitSeq(string(data), "\n") {
+		switch {
+		case !in && strings.TrimSpace(line) == "```sh":
+			in = true
+		case in && strings.TrimSpace(line) == "```":
+			in = false
+			b.WriteString("\n")
+		case in:
+			b.WriteString(line + "\n")
+		}
+	}
+	if in {
+		t.Fatalf("%s: an sh block is not closed", file)
+	}
+	return b.String()
+}
+
+// TestExamples_NatsCLI runs every sh block of examples/nats-cli/README.md
+// in one bash, against `jetsync run` on the demo schema, and checks what
+// its reads printed: the durable consumer resumes past the initial sync,
+// the read from a watermark starts at that transaction, and the window holds
+// exactly the transactions committed inside it.
+func TestExamples_NatsCLI(t *testing.T) {
+	began := time.Now()
+	cli := natsCLI(t)
+	if _, err := exec.LookPath("jq"); err != nil {
+		t.Fatalf("jq: %v", err)
+	}
+	demo, err := os.ReadFile(filepath.Join("..", "cmd", "jetsync", "demo.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The walkthrough's names: app zero, the default publication.
+	r := newExRig(t, "zero", string(demo), "ZERO_APP_PUBLICATIONS=")
+	script := shBlocks(t, filepath.Join("..", "examples", "nats-cli", "README.md"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(baseEnv(), "NATS_URL="+r.natsURL, "PG="+r.upstream,
+		"PATH="+filepath.Dir(cli)+":"+pgBin(t)+":"+os.Getenv("PATH"))
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("the walkthrough failed: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	t.Logf("walkthrough output:\n%s", stdout.String())
+
+	// The reads of rows the walkthrough wrote, in order.
+	var ops []string
+	var initial []string
+	for line := range strings.SplitSeq(stdout.String(), "\n") {
+		var rec struct {
+			Ops   []string `json:"ops"`
+			Parts []struct {
+				Ops []string `json:"ops"`
+			} `json:"parts"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		for _, p := range rec.Parts {
+			initial = append(initial, p.Ops...)
+		}
+		if len(rec.Ops) > 0 {
+			ops = append(ops, strings.Join(rec.Ops, ","))
+		}
+	}
+	want := []string{
+		"insert cli-1", "update cli-1", // the durable consumer, after the initial sync
+		"insert cli-1", "update cli-1", // from the insert's watermark
+		"insert cli-2", "insert cli-3", // the window: not cli-4
+	}
+	if strings.Join(ops, "|") != strings.Join(want, "|") {
+		t.Errorf("the walkthrough read %q; want %q", ops, want)
+	}
+	// The first read was the initial sync, whole: a reset first, each
+	// demo table created and backfilled.
+	if len(initial) == 0 || initial[0] != "reset" {
+		t.Errorf("the durable consumer's first read began with %q; want the reset", initial)
+	}
+	for _, op := range []string{"create-table", "backfill", "create-index"} {
+		if !slices.Contains(initial, op) {
+			t.Errorf("the initial sync read has no %s: %q", op, initial)
+		}
+	}
+	if !strings.Contains(stdout.String(), "watermark ") || !strings.Contains(stdout.String(), " starts at stream sequence ") {
+		t.Errorf("no watermark lookup in the output")
+	}
+	t.Logf("the walkthrough ran in %s", time.Since(began).Round(time.Millisecond))
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -385,6 +386,23 @@ func runExampleConsumer(t *testing.T, startConsumer exConsumer) {
 	c = startConsumer(t, r.natsURL, state)
 	waitProgress(t, c, n, "the consumer to resume again")
 
+	r.checkExact(w, exRun{"the consumer", c, state})
+	t.Logf("the scenario took %s", time.Since(began).Round(time.Millisecond))
+}
+
+// exRun is an example consumer under test: its process and state file.
+type exRun struct {
+	name  string
+	p     *proc
+	state string
+}
+
+// checkExact stops the writer, waits for each consumer to reach the
+// stream's last transaction, and checks its counts, its transaction count
+// and its state file against what the writer committed.
+func (r *exRig) checkExact(w *exWriter, runs ...exRun) {
+	t := r.t
+	t.Helper()
 	if err := w.stop(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
@@ -392,43 +410,46 @@ func runExampleConsumer(t *testing.T, startConsumer exConsumer) {
 	want := w.want
 	txs := w.txs
 	w.mu.Unlock()
-	t.Logf("the writer committed %d transactions", txs)
+	t.Logf("the writer committed %d transactions that changed rows: %s", txs, jsonString(want))
 
-	var got *exReport
-	waitFor(t, 60*time.Second, "the consumer's counts to reach the writer's", func() bool {
-		if c.exited() {
-			t.Fatalf("the consumer exited (%v):\n%s", c.err, c.stderr.String())
-		}
+	for _, run := range runs {
+		c := run.p
+		var got *exReport
+		waitFor(t, 60*time.Second, run.name+"'s counts to reach the writer's", func() bool {
+			if c.exited() {
+				t.Fatalf("%s exited (%v):\n%s", run.name, c.err, c.stderr.String())
+			}
+			got = lastReport(t, c)
+			wm, complete := r.tail()
+			return got != nil && complete && got.Watermark == wm && countsEqual(got.Tables, want)
+		})
+		// Caught up with a stream that no longer grows: nothing more may come.
+		runFor(t, c, 500*time.Millisecond)
 		got = lastReport(t, c)
-		wm, complete := r.tail()
-		return got != nil && complete && got.Watermark == wm && countsEqual(got.Tables, want)
-	})
-	// Caught up with a stream that no longer grows: nothing more may come.
-	runFor(t, c, 500*time.Millisecond)
-	got = lastReport(t, c)
-	if !countsEqual(got.Tables, want) {
-		t.Errorf("counts changed after catching up: got %s, want %s", jsonString(got.Tables), jsonString(want))
+		if !countsEqual(got.Tables, want) {
+			t.Errorf("%s's counts changed after catching up: got %s, want %s", run.name, jsonString(got.Tables), jsonString(want))
+		}
+		// The writer's transactions, the initial sync, and nothing else.
+		if got.Transactions != int64(txs)+1 {
+			t.Errorf("%s counted %d transactions; want the initial sync and the writer's %d", run.name, got.Transactions, txs)
+		}
+		// The state file agrees with what was printed.
+		if code := c.stop(t, 10*time.Second); code != 0 {
+			t.Errorf("%s exited %d on SIGTERM:\n%s", run.name, code, c.stderr.String())
+		}
+		var saved exReport
+		data, err := os.ReadFile(run.state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, &saved); err != nil {
+			t.Fatalf("%s's state file: %v\n%s", run.name, err, data)
+		}
+		if !countsEqual(saved.Tables, want) || saved.Watermark != got.Watermark {
+			t.Errorf("%s's state file %s; want the counts %s at %s", run.name, data, jsonString(want), got.Watermark)
+		}
+		t.Logf("%s: %d transactions, counts %s", run.name, got.Transactions, jsonString(got.Tables))
 	}
-	// The writer's transactions, the initial sync, and nothing else.
-	if got.Transactions != int64(txs)+1 {
-		t.Errorf("%d transactions counted; want the initial sync and the writer's %d", got.Transactions, txs)
-	}
-	// The state file agrees with what was printed.
-	if code := c.stop(t, 10*time.Second); code != 0 {
-		t.Errorf("the consumer exited %d on SIGTERM:\n%s", code, c.stderr.String())
-	}
-	var saved exReport
-	data, err := os.ReadFile(state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &saved); err != nil {
-		t.Fatalf("state file: %v\n%s", err, data)
-	}
-	if !countsEqual(saved.Tables, want) || saved.Watermark != got.Watermark {
-		t.Errorf("state file %s; want the counts %s at %s", data, jsonString(want), got.Watermark)
-	}
-	t.Logf("%d transactions, counts %s, in %s", got.Transactions, jsonString(got.Tables), time.Since(began).Round(time.Millisecond))
 }
 
 // countsEqual compares the tables the writer writes; others (jetsync's own
@@ -461,15 +482,30 @@ func buildExample(t *testing.T, dir string) string {
 	return bin
 }
 
-// TestExamples_AnalyticsGo runs examples/analytics-go through the
-// scenario.
-func TestExamples_AnalyticsGo(t *testing.T) {
+// goConsumer builds examples/analytics-go and starts it.
+func goConsumer(t *testing.T) exConsumer {
 	bin := buildExample(t, "analytics-go")
-	runExampleConsumer(t, func(t *testing.T, natsURL, stateFile string) *proc {
+	return func(t *testing.T, natsURL, stateFile string) *proc {
 		cmd := exec.Command(bin, "-nats", natsURL, "-app", zeroAppID, "-state", stateFile, "-json", "-every", "100ms", "-window", "10s")
 		cmd.Env = baseEnv()
 		return startProc(t, "analytics-go", cmd)
-	})
+	}
+}
+
+// tsConsumer starts examples/analytics-ts under Node 22.
+func tsConsumer(t *testing.T) exConsumer {
+	node, main := exampleTS(t)
+	return func(t *testing.T, natsURL, stateFile string) *proc {
+		cmd := exec.Command(node, main, "--nats", natsURL, "--app", zeroAppID, "--state", stateFile, "--json", "--every", "100", "--window", "10")
+		cmd.Env = baseEnv()
+		return startProc(t, "analytics-ts", cmd)
+	}
+}
+
+// TestExamples_AnalyticsGo runs examples/analytics-go through the
+// scenario.
+func TestExamples_AnalyticsGo(t *testing.T) {
+	runExampleConsumer(t, goConsumer(t))
 }
 
 // exampleTS finds Node 22 and the TypeScript example's installed
@@ -493,12 +529,7 @@ func exampleTS(t *testing.T) (node, main string) {
 // TestExamples_AnalyticsTS runs examples/analytics-ts under Node 22
 // through the scenario.
 func TestExamples_AnalyticsTS(t *testing.T) {
-	node, main := exampleTS(t)
-	runExampleConsumer(t, func(t *testing.T, natsURL, stateFile string) *proc {
-		cmd := exec.Command(node, main, "--nats", natsURL, "--app", zeroAppID, "--state", stateFile, "--json", "--every", "100", "--window", "10")
-		cmd.Env = baseEnv()
-		return startProc(t, "analytics-ts", cmd)
-	})
+	runExampleConsumer(t, tsConsumer(t))
 }
 
 // TestExamples_AnalyticsTSTypes type-checks examples/analytics-ts with its
@@ -631,4 +662,73 @@ func TestExamples_NatsCLI(t *testing.T) {
 		t.Errorf("no watermark lookup in the output")
 	}
 	t.Logf("the walkthrough ran in %s", time.Since(began).Round(time.Millisecond))
+}
+
+// TestExamples_Failover runs both example consumers while the
+// change-streamer fails over: the one holding the producer role is
+// SIGKILLed mid-workload and another (another host: its own data and task
+// ID) takes over, against a NATS server that outlives both. The consumers
+// must count every transaction exactly once across it.
+func TestExamples_Failover(t *testing.T) {
+	began := time.Now()
+	consumers := map[string]exConsumer{"analytics-go": goConsumer(t)}
+	if _, err := os.Stat(filepath.Join("..", "examples", "analytics-ts", "node_modules")); err == nil || os.Getenv("CI") == "true" {
+		consumers["analytics-ts"] = tsConsumer(t)
+	}
+	pgBin(t)
+	upstream := pgtest.NewDB(t, pgtest.Start(t))
+	pg, err := pgx.Connect(context.Background(), upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close(context.Background()) })
+	if _, err := pg.Exec(context.Background(), exSetup); err != nil {
+		t.Fatal(err)
+	}
+	ns := natstest.Start(t)
+	_, js := natstest.Connect(t, ns)
+	r := &exRig{t: t, upstream: upstream, pg: pg, natsURL: ns.ClientURL(), js: js, shard: streams.Shard{App: zeroAppID}}
+	root := dataRoot(t)
+	streamer := func(name string) *proc {
+		p := start(t, []string{
+			"JETSYNC_NATS_URL=" + r.natsURL,
+			"ZERO_UPSTREAM_DB=" + upstream,
+			"ZERO_APP_ID=" + zeroAppID,
+			"ZERO_APP_PUBLICATIONS=" + zeroPublication,
+			"JETSYNC_DATA_DIR=" + filepath.Join(root, name),
+			"ZERO_TASK_ID=" + name,
+			"ZERO_PORT=0",
+			"ZERO_LOG_FORMAT=json",
+		}, "change-streamer")
+		p.logRecord(t, "streaming", 60*time.Second)
+		return p
+	}
+	first := streamer("cs-a")
+
+	runs := map[string]*exRun{}
+	for name, startConsumer := range consumers {
+		state := filepath.Join(t.TempDir(), "state.json")
+		runs[name] = &exRun{name: name, p: startConsumer(t, r.natsURL, state), state: state}
+		waitProgress(t, runs[name].p, 0, name+" to count the initial sync")
+	}
+	w := startExWriter(t, upstream, uint64(time.Now().UnixNano()))
+	for name, run := range runs {
+		waitProgress(t, run.p, 50, name+" to count 50 transactions")
+	}
+	kill(t, first)
+	t.Logf("killed the change-streamer holding the producer role; the writer had committed %d", w.committed())
+	second := streamer("cs-b")
+	if !strings.Contains(second.stderr.String(), `"previous_task_id":"cs-a"`) {
+		t.Errorf("the second change-streamer did not log taking the role from cs-a:\n%s", second.stderr.String())
+	}
+	n := int64(w.committed())
+	for name, run := range runs {
+		waitProgress(t, run.p, n+50, name+" to count past the failover")
+	}
+	var all []exRun
+	for _, run := range runs {
+		all = append(all, *run)
+	}
+	r.checkExact(w, all...)
+	t.Logf("the failover scenario took %s", time.Since(began).Round(time.Millisecond))
 }

@@ -374,6 +374,11 @@ func runExampleConsumer(t *testing.T, startConsumer exConsumer) {
 
 	c = startConsumer(t, r.natsURL, state)
 	n = waitProgress(t, c, n+20, "the restarted consumer to go on")
+	// The writer commits every few milliseconds: the rolling rate shows it.
+	waitFor(t, 10*time.Second, "a rolling rate above zero", func() bool {
+		rep := lastReport(t, c)
+		return rep != nil && rep.RatePerSec > 0
+	})
 	r.restartJetsync()
 	t.Logf("restarted jetsync run after %d transactions; the writer had committed %d", n, w.committed())
 	n = waitProgress(t, c, n+20, "the consumer to go on after jetsync's restart")

@@ -384,6 +384,20 @@ func (a *analytics) handle(msg jetstream.Msg) error {
 		// Never skipped: the stream's integrity is broken.
 		return &GapError{seq, fmt.Sprintf("undecodable message: %v", err)}
 	}
+	if err := a.apply(seq, m); err != nil {
+		return err
+	}
+	if !a.open {
+		a.ackable = msg
+	}
+	return nil
+}
+
+// apply counts message seq, checking that it follows what came before.
+func (a *analytics) apply(seq uint64, m *streams.Message) error {
+	if seq <= a.seen {
+		return nil
+	}
 	table := m.Schema + "." + m.Table
 	for i := range m.Parts {
 		p := &m.Parts[i]
@@ -423,7 +437,6 @@ func (a *analytics) handle(msg jetstream.Msg) error {
 	if !a.open {
 		a.st.Seq = seq
 		a.dirty = true
-		a.ackable = msg
 	}
 	return nil
 }

@@ -603,7 +603,10 @@ func TestExamples_NatsCLI(t *testing.T) {
 	began := time.Now()
 	cli := natsCLI(t)
 	if _, err := exec.LookPath("jq"); err != nil {
-		t.Fatalf("jq: %v", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("jq missing under CI (make nats-cli): %v", err)
+		}
+		t.Skipf("jq not installed (make nats-cli): %v", err)
 	}
 	demo, err := os.ReadFile(filepath.Join("..", "cmd", "jetsync", "demo.sql"))
 	if err != nil {

@@ -1,4 +1,4 @@
-package viewsyncer
+package cvrstore
 
 import (
 	"strings"
@@ -12,22 +12,22 @@ import (
 // order, so they are compared as strings, exactly as the client compares
 // cookies. "" stands for null: no version yet.
 
-// initialStateVersion is a new CVR's state version.
-const initialStateVersion = "00"
+// InitialStateVersion is a new CVR's state version.
+const InitialStateVersion = "00"
 
-// stateOf is v's state version.
-func stateOf(v string) string {
+// StateOf is v's state version.
+func StateOf(v string) string {
 	if i := strings.IndexByte(v, ':'); i >= 0 {
 		return v[:i]
 	}
 	return v
 }
 
-// bumpConfig is the version after a change made at state version stateOf(v)
-// without a database change.
-func bumpConfig(v string) string {
+// BumpConfig is the version after a change made at state version
+// StateOf(v) without a database change.
+func BumpConfig(v string) string {
 	if v == "" {
-		return initialStateVersion + ":" + streams.Lexi(1)
+		return InitialStateVersion + ":" + streams.Lexi(1)
 	}
 	st, cfg := v, uint64(0)
 	if i := strings.IndexByte(v, ':'); i >= 0 {

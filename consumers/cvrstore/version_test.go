@@ -1,4 +1,4 @@
-package viewsyncer
+package cvrstore
 
 import "testing"
 
@@ -11,15 +11,15 @@ func TestBumpConfig(t *testing.T) {
 		{"4gc54g:0z", "4gc54g:110"},
 	}
 	for _, tc := range tests {
-		got := bumpConfig(tc.in)
+		got := BumpConfig(tc.in)
 		if got != tc.want {
-			t.Errorf("bumpConfig(%q) = %q; want %q", tc.in, got, tc.want)
+			t.Errorf("BumpConfig(%q) = %q; want %q", tc.in, got, tc.want)
 		}
 		if tc.in != "" && got <= tc.in {
-			t.Errorf("bumpConfig(%q) = %q does not sort after it", tc.in, got)
+			t.Errorf("BumpConfig(%q) = %q does not sort after it", tc.in, got)
 		}
-		if stateOf(got) != stateOf(tc.in) && tc.in != "" {
-			t.Errorf("stateOf(%q) = %q; want %q", got, stateOf(got), stateOf(tc.in))
+		if StateOf(got) != StateOf(tc.in) && tc.in != "" {
+			t.Errorf("StateOf(%q) = %q; want %q", got, StateOf(got), StateOf(tc.in))
 		}
 	}
 }

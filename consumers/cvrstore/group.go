@@ -220,15 +220,6 @@ func (g *Group) State(ctx context.Context) (*cvr.State, error) {
 	return cvr.Load(ctx, g.s.r, g.id)
 }
 
-// Catchup reads what changed after base from the local projection
-// (cvr.Catchup).
-func (g *Group) Catchup(ctx context.Context, base string) (*cvr.Diff, error) {
-	if err := g.applied(ctx); err != nil {
-		return nil, err
-	}
-	return cvr.Catchup(ctx, g.s.r, g.id, base)
-}
-
 // applied waits until the local projection holds everything published,
 // and reports a failure to apply it.
 func (g *Group) applied(ctx context.Context) error {
@@ -247,8 +238,8 @@ func (g *Group) applied(ctx context.Context) error {
 // and returns once JetStream has stored it, so that a pokeEnd sent
 // afterwards never carries a cookie the stream cannot reproduce. An update larger than
 // one message is published as one atomic batch. The update is then applied
-// to the local projection in the background (State, Catchup and a later
-// Load wait for it), so events must not be modified after the call; once
+// to the local projection in the background (State and a later Load wait
+// for it), so events must not be modified after the call; once
 // the group's history has grown past CompactAfter messages, Publish
 // compacts it.
 //

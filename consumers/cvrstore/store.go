@@ -109,7 +109,7 @@ type Store struct {
 	log    *slog.Logger
 	stream jetstream.Stream
 	kv     jetstream.KeyValue
-	// w is the projection's single writer; r serves State and Catchup.
+	// w is the projection's single writer; r serves State.
 	w, r *sql.DB
 
 	// applies runs projection applies after their PubAcks (apply.go).

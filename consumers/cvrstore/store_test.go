@@ -187,41 +187,6 @@ func TestStore_RebuildEqualsIncremental(t *testing.T) {
 	}
 }
 
-func TestStore_Catchup(t *testing.T) {
-	ns := natstest.Start(t)
-	s := openStore(t, ns, "a", "")
-	g := load(t, s, "cg")
-	ctx := testCtx(t)
-	row := func(id, pv string, refs map[string]int) streams.CVREvent {
-		return streams.CVREvent{Op: streams.CVROpPutRow, Row: &streams.CVRRow{Table: "issue", Key: json.RawMessage(`{"id":"` + id + `"}`),
-			RowVersion: pv, PatchVersion: pv, Refs: refs}}
-	}
-	q := streams.CVREvent{Op: streams.CVROpPutQuery, Query: &streams.CVRQuery{Hash: "h", Got: true, PatchVersion: "02"}}
-	for _, u := range []struct {
-		v   string
-		evs []streams.CVREvent
-	}{
-		{"01", []streams.CVREvent{{Op: streams.CVROpPutDesire, Desire: &streams.CVRDesire{ClientID: "c", Hash: "h", PatchVersion: "01"}}}},
-		{"02", []streams.CVREvent{q, row("i1", "02", map[string]int{"h": 1}), row("i2", "02", map[string]int{"h": 1})}},
-		{"03", []streams.CVREvent{row("i2", "03", nil)}},
-	} {
-		if err := g.Publish(ctx, u.v, u.evs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d, err := g.Catchup(ctx, "02")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := &cvr.Diff{Version: "03", Rows: []streams.CVRRow{{Table: "issue", Key: json.RawMessage(`{"id":"i2"}`), RowVersion: "03", PatchVersion: "03"}}}
-	if diff := cmp.Diff(want, d); diff != "" {
-		t.Errorf("Catchup(02) (-want +got):\n%s", diff)
-	}
-	if d, _ := g.Catchup(ctx, "01"); len(d.Rows) != 2 || len(d.Queries) != 1 || len(d.Desires) != 0 {
-		t.Errorf("Catchup(01) = %+v", d)
-	}
-}
-
 func TestStore_Compaction(t *testing.T) {
 	ns := natstest.Start(t)
 	file := filepath.Join(t.TempDir(), "a.db")

@@ -17,6 +17,8 @@ import (
 type Update struct {
 	c             *CVR
 	From, Version string
+	// Query is set for a query-driven update.
+	Query bool
 	// Reset replaces the whole CVR (a durable store writes it all); Clock
 	// asks a durable store to write the TTL clock even if nothing else
 	// changed.
@@ -55,7 +57,7 @@ func (c *CVR) BeginConfig() *Update {
 // BeginQuery starts a query-driven update at replica state version state:
 // the CVR moves to it if it is newer (docs/protocol.md §6.3).
 func (c *CVR) BeginQuery(state string) *Update {
-	u := &Update{c: c, From: c.Version, Version: c.Version, rowStart: map[string]rowStart{}}
+	u := &Update{c: c, From: c.Version, Version: c.Version, Query: true, rowStart: map[string]rowStart{}}
 	if state > StateOf(c.Version) {
 		u.Version = state
 	}
@@ -76,6 +78,9 @@ func (u *Update) V() string {
 
 // Changed reports whether the update moved the version.
 func (u *Update) Changed() bool { return u.Version != u.From }
+
+// PatchedRows counts the rows the update patches (after Finish).
+func (u *Update) PatchedRows() int { return len(u.rows) }
 
 // SetClientSchema records the group's client schema, once.
 func (u *Update) SetClientSchema(schema json.RawMessage) {

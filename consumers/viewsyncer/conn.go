@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -432,88 +431,6 @@ func (c *conn) writeLoop() {
 	}
 }
 
-// sendPoke queues one poke from base to cookie; begun is set when its
-// pokeStart and first parts were streamed already (pokeStream).
-func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeContent, begun bool) error {
-	var bc *string
-	if hasBase {
-		bc = &base
-	}
-	var frames [][]byte
-	add := func(tag string, body any) error {
-		b, err := encodeFrame(tag, body)
-		if err != nil {
-			return err
-		}
-		frames = append(frames, b)
-		return nil
-	}
-	if !begun {
-		if err := add("pokeStart", pokeStartBody{PokeID: cookie, BaseCookie: bc}); err != nil {
-			return err
-		}
-	}
-	if !pc.empty() {
-		size := 0
-		for _, part := range pc.parts(cookie) {
-			b, err := encodePokePart(part, size)
-			if err != nil {
-				return err
-			}
-			size = len(b)
-			frames = append(frames, b)
-		}
-	}
-	if err := add("pokeEnd", pokeEndBody{PokeID: cookie, Cookie: cookie}); err != nil {
-		return err
-	}
-	c.enqueue(frames...)
-	return nil
-}
-
-// parts splits a poke's patches into parts of at most partSize patches:
-// query patches first, then rows, as zero-cache orders them.
-func (pc *pokeContent) parts(pokeID string) []*pokePartBody {
-	var out []*pokePartBody
-	cur := &pokePartBody{PokeID: pokeID, LastMutationIDChanges: pc.lmids, MutationsPatch: pc.mutations}
-	n := len(pc.lmids) + len(pc.mutations)
-	next := func() {
-		if n >= partSize {
-			out = append(out, cur)
-			cur, n = &pokePartBody{PokeID: pokeID}, 0
-		}
-	}
-	for _, q := range pc.got {
-		next()
-		cur.GotQueriesPatch = append(cur.GotQueriesPatch, q)
-		n++
-	}
-	clients := make([]string, 0, len(pc.desired))
-	for id := range pc.desired {
-		clients = append(clients, id)
-	}
-	sort.Strings(clients)
-	for _, id := range clients {
-		for _, q := range pc.desired[id] {
-			next()
-			if cur.DesiredQueriesPatches == nil {
-				cur.DesiredQueriesPatches = map[string][]queryPatch{}
-			}
-			cur.DesiredQueriesPatches[id] = append(cur.DesiredQueriesPatches[id], q)
-			n++
-		}
-	}
-	for _, r := range pc.rows {
-		next()
-		cur.RowsPatch = append(cur.RowsPatch, r)
-		n++
-	}
-	if n > 0 || len(out) == 0 {
-		out = append(out, cur)
-	}
-	return out
-}
-
 // closeNow closes a socket that never got going.
 func closeNow(ws *websocket.Conn, code int, reason string) {
 	_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, truncate(reason, maxCloseReason)), time.Now().Add(writeTimeout))
@@ -539,6 +456,11 @@ func drainClose(ws *websocket.Conn) {
 	}
 }
 
+// errPurged is what every client of a group that garbage collection
+// purged gets, with or without a cookie, as from zero-cache: the client
+// gives the group up and starts a new one.
+var errPurged = newProtocolError(kindClientNotFound, "Client has been purged due to inactivity")
+
 // ownedRetry is the reconnect delay a client gets from a view-syncer whose
 // peer owns its group: the peer may be reached on the next attempt, or its
 // lease runs out.
@@ -553,6 +475,9 @@ func loadError(err error) *protocolError {
 	var perr *protocolError
 	if errors.As(err, &perr) {
 		return perr
+	}
+	if errors.Is(err, cvrstore.ErrPurged) {
+		return errPurged
 	}
 	var owned *cvrstore.OwnedError
 	if errors.As(err, &owned) {

@@ -51,13 +51,13 @@ func (g *group) checkTransformed(snap *snapshot) error {
 	if snap == nil {
 		return nil
 	}
-	for _, h := range sortedKeys(g.cvr.queries) {
-		q := g.cvr.queries[h]
-		if _, ok := g.pipelines[h]; ok || q.name == "" || q.ast == nil {
+	for _, h := range sortedKeys(g.cvr.Queries) {
+		q := g.cvr.Queries[h]
+		if _, ok := g.pipelines[h]; ok || q.Name == "" || q.AST == nil {
 			continue
 		}
-		if _, err := zql.Compile(snap.schema.zql, q.ast); err != nil {
-			g.log.Warn("synced query does not compile", "query", h, "name", q.name, "err", err)
+		if _, err := zql.Compile(snap.schema.zql, q.AST); err != nil {
+			g.log.Warn("synced query does not compile", "query", h, "name", q.Name, "err", err)
 			return compileError(h, err)
 		}
 	}
@@ -73,15 +73,15 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Val
 		return nil, nil
 	}
 	var qs []appapi.Query
-	for _, h := range sortedKeys(g.cvr.queries) {
-		q := g.cvr.queries[h]
-		if q.name == "" || g.queryExpired(h, clock) {
+	for _, h := range sortedKeys(g.cvr.Queries) {
+		q := g.cvr.Queries[h]
+		if q.Name == "" || g.queryExpired(h, clock) {
 			continue
 		}
-		if _, ok := g.pipelines[h]; ok && q.ast != nil && !v.all {
+		if _, ok := g.pipelines[h]; ok && q.AST != nil && !v.all {
 			continue
 		}
-		qs = append(qs, appapi.Query{ID: h, Name: q.name, Args: q.args})
+		qs = append(qs, appapi.Query{ID: h, Name: q.Name, Args: q.Args})
 	}
 	if len(qs) == 0 {
 		return nil, nil
@@ -103,29 +103,29 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Val
 	m.transformations.WithLabelValues("success").Inc()
 	byClient := map[string][]*appapi.QueryError{}
 	for _, r := range res.Queries {
-		q := g.cvr.queries[r.ID]
-		if q == nil || q.name == "" {
+		q := g.cvr.Queries[r.ID]
+		if q == nil || q.Name == "" {
 			continue
 		}
 		if r.Error != nil {
-			g.log.Warn("Error transforming custom query "+q.name+": "+r.Error.Kind, "query", r.ID, "message", r.Error.Message)
-			q.ast, q.transformErr = nil, r.Error
-			for id, cr := range g.cvr.clients {
-				if _, ok := cr.desired[r.ID]; ok {
+			g.log.Warn("Error transforming custom query "+q.Name+": "+r.Error.Kind, "query", r.ID, "message", r.Error.Message)
+			g.cvr.Refused(r.ID, r.Error)
+			for id, cr := range g.cvr.Clients {
+				if _, ok := cr.Desired[r.ID]; ok {
 					byClient[id] = append(byClient[id], r.Error)
 				}
 			}
 			continue
 		}
-		if q.transformationHash != "" {
-			if q.transformationHash != r.TransformationHash {
-				g.log.Info("query transformation changed", "query", r.ID, "from", q.transformationHash, "to", r.TransformationHash)
+		if q.TransformationHash != "" {
+			if q.TransformationHash != r.TransformationHash {
+				g.log.Info("query transformation changed", "query", r.ID, "from", q.TransformationHash, "to", r.TransformationHash)
 				m.transformHashChanges.Inc()
 			} else {
 				m.transformNoOps.Inc()
 			}
 		}
-		q.ast, q.transformationHash, q.transformErr = r.AST, r.TransformationHash, nil
+		g.cvr.Transformed(r.ID, r.AST, r.TransformationHash)
 	}
 	for id, errs := range byClient {
 		if c := g.conns[id]; c != nil && c.ready {
@@ -152,12 +152,6 @@ func (g *group) validateVia(v *via, val *auth.Validation) error {
 		return err
 	}
 	return nil
-}
-
-// pendingTransform reports whether q is a synced query still waiting for
-// its AST (not one the API server refused).
-func (q *queryRecord) pendingTransform() bool {
-	return q.name != "" && q.ast == nil && q.transformErr == nil
 }
 
 // errorFrame is the error frame for err and the close code after it: a

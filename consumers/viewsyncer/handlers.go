@@ -8,9 +8,24 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jetsync/jetsync/consumers/cvrstore"
+
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/zql"
 )
+
+// patchOps is a desiredQueriesPatch for the CVR, with the ASTs parsed: a
+// put without an AST but with a name is a synced query's.
+func patchOps(ops []queryPatchOp, asts map[string]*zql.AST) []cvrstore.PatchOp {
+	out := make([]cvrstore.PatchOp, len(ops))
+	for i, op := range ops {
+		out[i] = cvrstore.PatchOp{Op: op.Op, Hash: op.Hash, TTL: op.TTL, AST: asts[op.Hash]}
+		if op.Name != nil && len(op.AST) == 0 {
+			out[i].Name, out[i].Args = op.Name, op.Args
+		}
+	}
+	return out
+}
 
 // attach registers c as its client's connection; an older one is closed
 // (the newest wins, docs/protocol.md §2.4).
@@ -20,20 +35,20 @@ func (g *group) attach(c *conn, authenticated bool, authData map[string]any) *pr
 	if g.unloaded {
 		return errUnloaded
 	}
-	if g.cvr.userID != "" && c.userID != g.cvr.userID {
+	if g.cvr.UserID != "" && c.userID != g.cvr.UserID {
 		return authError(kindUnauthorized, "Client groups are pinned to a single userID. Client group "+g.id+
-			" is pinned to userID "+g.cvr.userID+", but this connection is for userID "+c.userID+".")
+			" is pinned to userID "+g.cvr.UserID+", but this connection is for userID "+c.userID+".")
 	}
-	if authenticated && g.cvr.userID == "" {
-		g.cvr.userID = c.userID
+	if authenticated && g.cvr.UserID == "" {
+		g.cvr.UserID = c.userID
 	}
 	if old := g.conns[c.clientID]; old != nil {
 		old.ready = false
 		old.closeQuietly()
 	}
-	if len(g.conns) == 0 && g.clockAt.IsZero() {
+	if len(g.conns) == 0 {
 		// The TTL clock runs while the group has connections.
-		g.clockAt = time.Now()
+		g.cvr.StartClock()
 	}
 	g.conns[c.clientID] = c
 	g.setAuth(authData)
@@ -135,8 +150,8 @@ func (g *group) detach(c *conn) {
 	}
 	if len(g.conns) == 0 {
 		now := time.Now()
-		g.ttlClock(now)
-		g.clockAt, g.idleSince = time.Time{}, now
+		g.cvr.StopClock(now)
+		g.idleSince = now
 		g.dropViews()
 	}
 }
@@ -149,12 +164,12 @@ func (g *group) detach(c *conn) {
 // missed an advance. So a whole-table query's rows are not held for
 // GroupIdle after its clients left.
 func (g *group) dropViews() {
-	if g.cvr == nil || g.cvr.version == "" || g.broken || g.unloaded {
+	if g.cvr == nil || g.cvr.Version == "" || g.broken || g.unloaded {
 		return
 	}
 	g.pipelines = map[string]*pipeline{}
-	for _, rec := range g.cvr.rows {
-		rec.value = zql.RowValue{}
+	for _, rec := range g.cvr.Rows {
+		rec.Value = zql.RowValue{}
 	}
 	g.cold = true
 }
@@ -173,13 +188,13 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	if c.ready {
 		return newProtocolError(kindInvalidMessage, "initConnection already received")
 	}
-	snap, err := g.openSnapshotAt(ctx, stateOf(g.cvr.version))
+	snap, err := g.openSnapshotAt(ctx, cvrstore.StateOf(g.cvr.Version))
 	if err != nil {
 		return err
 	}
 	if snap != nil {
 		defer snap.close()
-		if rv := g.cvr.replicaVersion; rv != "" && snap.replicaVersion < rv {
+		if rv := g.cvr.ReplicaVersion; rv != "" && snap.replicaVersion < rv {
 			// Rows from a newer replica cannot be caught up from this
 			// older one: the group starts over. A newer replica (a
 			// resync) re-hydrates the group instead (syncLocked).
@@ -192,9 +207,9 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 			}
 		}
 	}
-	if v := g.cvr.version; c.hasBase {
+	if v := g.cvr.Version; c.hasBase {
 		switch {
-		case (v == "" || v == initialStateVersion) && c.base > initialStateVersion:
+		case (v == "" || v == cvrstore.InitialStateVersion) && c.base > cvrstore.InitialStateVersion:
 			return newProtocolError(kindClientNotFound, "Client not found")
 		case c.base > v:
 			return newProtocolError(kindInvalidConnectionBaseCookie, "CVR is at version %s", v)
@@ -202,12 +217,12 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	}
 	schemaRaw := body.ClientSchema
 	switch {
-	case g.cvr.clientSchema == nil && len(schemaRaw) == 0:
+	case g.cvr.ClientSchema == nil && len(schemaRaw) == 0:
 		return newProtocolError(kindInvalidConnectionRequest, "The initConnection message for a new client group must include client schema.")
-	case g.cvr.clientSchema != nil && len(schemaRaw) > 0 && !sameJSON(g.cvr.clientSchema, schemaRaw):
+	case g.cvr.ClientSchema != nil && len(schemaRaw) > 0 && !sameJSON(g.cvr.ClientSchema, schemaRaw):
 		return newProtocolError(kindInvalidConnectionRequest, "Provided schema does not match previous schema.")
 	case len(schemaRaw) == 0:
-		schemaRaw = g.cvr.clientSchema
+		schemaRaw = g.cvr.ClientSchema
 	}
 	if snap != nil {
 		if err := checkClientSchema(schemaRaw, snap.schema); err != nil {
@@ -235,19 +250,15 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	}
 	now := g.ttlClock(time.Now())
 	u := g.beginConfig()
-	if g.cvr.clientSchema == nil {
-		g.cvr.clientSchema = schemaRaw
-		u.v()
+	if g.cvr.ClientSchema == nil {
+		u.SetClientSchema(schemaRaw)
 	}
-	if cr := g.cvr.clients[c.clientID]; cr == nil || cr.deleted {
-		g.cvr.clients[c.clientID] = &clientRecord{id: c.clientID, desired: map[string]*desire{}}
-		u.v()
-	}
-	g.applyPatch(u, c.clientID, body.DesiredQueriesPatch, asts, now)
+	u.PutClient(c.clientID)
+	u.ApplyPatch(c.clientID, patchOps(body.DesiredQueriesPatch, asts), now)
 	if body.ActiveClients != nil {
-		for id := range g.cvr.clients {
+		for id := range g.cvr.Clients {
 			if id != c.clientID && !slices.Contains(body.ActiveClients, id) {
-				g.deleteClient(u, id, now)
+				u.DeleteClient(id, now)
 			}
 		}
 	}
@@ -256,7 +267,7 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 		deleted = body.Deleted.ClientIDs
 		for _, id := range deleted {
 			if id != c.clientID {
-				g.deleteClient(u, id, now)
+				u.DeleteClient(id, now)
 			}
 		}
 	}
@@ -278,7 +289,7 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 // as zero-cache's view-syncer keeps advancing while loaded: a returning
 // client's catch-up then carries the config and row changes in one poke.
 func (g *group) catchUpTo(ctx context.Context, snap *snapshot, v *via) error {
-	if snap == nil || g.cvr.version == "" || !g.cold && snap.version <= stateOf(g.cvr.version) {
+	if snap == nil || g.cvr.Version == "" || !g.cold && snap.version <= cvrstore.StateOf(g.cvr.Version) {
 		return nil
 	}
 	return g.syncForClient(ctx, snap, v)
@@ -303,7 +314,7 @@ func (g *group) syncForClient(ctx context.Context, snap *snapshot, v *via) error
 // something, then syncs the queries, which pokes every connection that
 // still needs one. So a reconnecting client gets one catch-up poke.
 func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot, v *via) error {
-	changed := u.version != u.from
+	changed := u.Changed()
 	if changed {
 		if err := g.flush(ctx, u); err != nil {
 			return err
@@ -350,7 +361,7 @@ func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPa
 		return err
 	}
 	u := g.beginConfig()
-	g.applyPatch(u, c.clientID, ops, asts, g.ttlClock(time.Now()))
+	u.ApplyPatch(c.clientID, patchOps(ops, asts), g.ttlClock(time.Now()))
 	return g.finishConfig(ctx, u, snap, v)
 }
 
@@ -378,7 +389,7 @@ func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error 
 	now := g.ttlClock(time.Now())
 	for _, id := range ids {
 		if id != c.clientID {
-			g.deleteClient(u, id, now)
+			u.DeleteClient(id, now)
 		}
 	}
 	if err := g.finishConfig(ctx, u, snap, v); err != nil {
@@ -462,7 +473,7 @@ func (g *group) openSnapshotAt(ctx context.Context, min string) (*snapshot, erro
 	defer t.Stop()
 	for {
 		snap, err := g.s.openSnapshot(ctx)
-		if err != nil || snap == nil || snap.version >= min || snap.replicaVersion != g.cvr.replicaVersion {
+		if err != nil || snap == nil || snap.version >= min || snap.replicaVersion != g.cvr.ReplicaVersion {
 			return snap, err
 		}
 		snap.close()

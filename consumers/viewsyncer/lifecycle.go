@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jetsync/jetsync/consumers/cvrstore"
+
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -38,19 +40,17 @@ func (s *Server) group(ctx context.Context, id string) (*group, error) {
 		g.cc = s.newAuthManager(g)
 		s.groups[id] = g
 		s.mu.Unlock()
-		c, err := s.store.load(ctx, id)
+		c, err := s.store.Load(ctx, id)
 		if c == nil && err == nil {
-			c = newCVR(id)
+			c = cvrstore.New(id)
 		}
 		s.mu.Lock()
 		if err != nil {
 			g.loadErr = err
 			delete(s.groups, id)
 		} else {
-			g.cvr, g.cold, g.idleSince = c, c.version != "", time.Now()
-			if c.dg != nil {
-				g.leaseDone = c.dg.lease.Done()
-			}
+			g.cvr, g.cold, g.idleSince = c, c.Version != "", time.Now()
+			g.leaseDone = c.LeaseDone()
 		}
 		close(g.loaded)
 	}
@@ -72,7 +72,7 @@ func (s *Server) group(ctx context.Context, id string) (*group, error) {
 func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet) error {
 	unlock := g.lock()
 	defer unlock()
-	if !g.hasReady() || g.unloaded || snap.version <= stateOf(g.cvr.version) {
+	if !g.hasReady() || g.unloaded || snap.version <= cvrstore.StateOf(g.cvr.Version) {
 		return nil
 	}
 	g.transformPending(ctx)
@@ -124,8 +124,8 @@ func (g *group) transformPending(ctx context.Context) {
 // hasPendingTransform reports whether a live synced query waits for its AST.
 func (g *group) hasPendingTransform() bool {
 	clock := g.ttlClock(time.Now())
-	for h, q := range g.cvr.queries {
-		if q.pendingTransform() && !g.queryExpired(h, clock) {
+	for h, q := range g.cvr.Queries {
+		if q.PendingTransform() && !g.queryExpired(h, clock) {
 			return true
 		}
 	}
@@ -191,12 +191,12 @@ func (g *group) unloadIfIdle(ctx context.Context, now time.Time) bool {
 // persistClock writes the TTL clock, which only a durable store keeps, and
 // only for a group that has a version.
 func (g *group) persistClock(ctx context.Context) {
-	if g.broken || g.cvr.dg == nil || g.cvr.version == "" {
+	if g.broken || !g.cvr.Durable() || g.cvr.Version == "" {
 		return
 	}
-	u := g.beginConfig()
-	u.clock = true
-	if err := g.s.store.flush(ctx, g.cvr, u); err != nil {
+	u := g.cvr.BeginConfig()
+	u.Clock = true
+	if err := g.s.store.Flush(ctx, g.cvr, u); err != nil {
 		g.log.Warn("persist the ttl clock", "err", err)
 	}
 }
@@ -224,7 +224,7 @@ func (s *Server) leaseLost(g *group) {
 	if !g.unloaded {
 		g.unloaded = true
 		g.stopLocked()
-		g.log.Info("cvr lease lost; closing the group's connections", "err", g.cvr.dg.lease.Err())
+		g.log.Info("cvr lease lost; closing the group's connections", "err", g.cvr.LeaseErr())
 		perr := ownershipError(s.ownerOf(g.id), time.Now())
 		for _, c := range g.conns {
 			c.ready = false
@@ -237,12 +237,12 @@ func (s *Server) leaseLost(g *group) {
 
 // ownerOf reads who owns a group now, for the Rehome message.
 func (s *Server) ownerOf(id string) streams.CVROwner {
-	if s.cfg.CVR == nil {
+	if s.owners == nil {
 		return streams.CVROwner{}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	o, _ := s.cfg.CVR.Owner(ctx, id)
+	o, _ := s.owners.Owner(ctx, id)
 	return o
 }
 
@@ -298,7 +298,7 @@ func (s *Server) dropGroup(g *group) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.store.drop(ctx, g.cvr)
+	s.store.Drop(ctx, g.cvr)
 }
 
 // Drain pacing (zero-cache's drain-coordinator.ts): after a group's
@@ -355,7 +355,7 @@ func (s *Server) drainGroup(g *group) time.Duration {
 		g.unloaded = true
 		g.stopLocked()
 		s.removeGroup(g)
-		s.store.unload(ctx, g.cvr)
+		s.store.Unload(ctx, g.cvr)
 	}
 	for _, c := range g.conns {
 		c.closeQuietly()

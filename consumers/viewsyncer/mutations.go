@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 
+	"github.com/jetsync/jetsync/consumers/cvrstore"
+
 	"github.com/jetsync/jetsync/consumers/appapi"
 )
 
@@ -16,18 +18,18 @@ const cleanupKey = "\x00cleanup"
 // mutationPatch is a mutations row's mutationsPatch entry: a put of its
 // result, or a del once the row left (docs/protocol.md §8). Rows of
 // another group are left out.
-func (g *group) mutationPatch(rec *rowRecord) json.RawMessage {
+func (g *group) mutationPatch(rec *cvrstore.Row) json.RawMessage {
 	type mutationID struct {
 		ClientID string  `json:"clientID"`
 		ID       float64 `json:"id"`
 	}
-	if rec.refs == nil {
+	if rec.Refs == nil {
 		var k struct {
 			ClientGroupID string  `json:"clientGroupID"`
 			ClientID      string  `json:"clientID"`
 			MutationID    float64 `json:"mutationID"`
 		}
-		if err := json.Unmarshal([]byte(rec.key), &k); err != nil || k.ClientGroupID != g.id {
+		if err := json.Unmarshal([]byte(rec.Key), &k); err != nil || k.ClientGroupID != g.id {
 			return nil
 		}
 		b, _ := json.Marshal(struct {
@@ -36,16 +38,16 @@ func (g *group) mutationPatch(rec *rowRecord) json.RawMessage {
 		}{"del", mutationID{k.ClientID, k.MutationID}})
 		return b
 	}
-	if rec.value.IsZero() {
+	if rec.Value.IsZero() {
 		return nil
 	}
-	cgid, _ := rec.value.Get("clientGroupID").(string)
-	cid, _ := rec.value.Get("clientID").(string)
-	mid, ok := rec.value.Get("mutationID").(float64)
+	cgid, _ := rec.Value.Get("clientGroupID").(string)
+	cid, _ := rec.Value.Get("clientID").(string)
+	mid, ok := rec.Value.Get("mutationID").(float64)
 	if cgid != g.id || cid == "" || !ok {
 		return nil
 	}
-	result, _ := rec.value.Get("result").(json.RawMessage)
+	result, _ := rec.Value.Get("result").(json.RawMessage)
 	if len(result) == 0 {
 		result = json.RawMessage("null")
 	}

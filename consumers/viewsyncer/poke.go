@@ -3,6 +3,10 @@ package viewsyncer
 import (
 	"encoding/json"
 	"fmt"
+	"iter"
+	"sort"
+
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 
 	"github.com/jetsync/jetsync/consumers/zql"
 )
@@ -110,7 +114,7 @@ type pokeStream struct {
 func (g *group) newPokeStream(u *update) *pokeStream {
 	var conns []*conn
 	for _, c := range g.sortedConns() {
-		if c.ready && c.hasBase == (u.from != "") && c.base == u.from && !c.isClosing() {
+		if c.ready && c.hasBase == (u.From != "") && c.base == u.From && !c.isClosing() {
 			conns = append(conns, c)
 		}
 	}
@@ -142,16 +146,16 @@ func (ps *pokeStream) sentRows() map[string]struct{} {
 // streamRow queues rec's put if it is one the update will send; a full
 // part goes out at once. Rows of the internal tables become other patches
 // and go at the end.
-func (g *group) streamRow(u *update, id string, rec *rowRecord) error {
+func (g *group) streamRow(u *update, id string, rec *cvrstore.Row) error {
 	ps := u.stream
-	if ps == nil || rec.table == g.s.clientsTable || rec.table == g.s.mutationsTable {
+	if ps == nil || rec.Table == g.s.clientsTable || rec.Table == g.s.mutationsTable {
 		return nil
 	}
-	if _, ok := ps.sent[id]; ok || !putNeeded(u.rowStart[id], rec, u.compare) {
+	if _, ok := ps.sent[id]; ok || !u.Put(id, rec) {
 		return nil
 	}
 	ps.sent[id] = struct{}{}
-	ps.pending = append(ps.pending, rowPatch{Op: "put", TableName: rec.table, Value: rec.value})
+	ps.pending = append(ps.pending, rowPatch{Op: "put", TableName: rec.Table, Value: rec.Value})
 	if len(ps.pending) < partSize {
 		return nil
 	}
@@ -167,10 +171,10 @@ func (g *group) sendPart(u *update) error {
 		return nil
 	}
 	if !ps.started {
-		ps.pokeID = u.v()
+		ps.pokeID = u.V()
 		var base *string
-		if u.from != "" {
-			base = &u.from
+		if u.From != "" {
+			base = &u.From
 		}
 		b, err := encodeFrame("pokeStart", pokeStartBody{PokeID: ps.pokeID, BaseCookie: base})
 		if err != nil {
@@ -206,4 +210,207 @@ func (ps *pokeStream) abandon() {
 		}
 	}
 	ps.conns = nil
+}
+
+// poke sends each ready connection one poke to the CVR's version: the
+// update's patches to those at its starting version, a catch-up from their
+// cookie to the others, and an empty poke to a connection not yet poked
+// (docs/protocol.md §7.2).
+//
+// Connections that were streamed the update's first parts get the rest:
+// its other patches, then the pokeEnd.
+func (g *group) poke(u *update) {
+	v := g.cvr.Version
+	ps := u.stream
+	var rest error
+	if ps.begun() {
+		rest = g.sendPart(u)
+	}
+	var delta, remainder *pokeContent
+	for _, c := range g.sortedConns() {
+		if !c.ready || c.hasBase && c.base > v || c.hasBase && c.base == v && c.everPoked {
+			continue
+		}
+		var pc *pokeContent
+		begun := ps.begun() && ps.has(c)
+		switch {
+		case begun && rest != nil:
+			continue // abandoned below
+		case begun:
+			if remainder == nil {
+				remainder = g.pokeContent(u.Delta(ps.sent))
+			}
+			pc = remainder
+		case c.hasBase == (u.From != "") && c.base == u.From:
+			if delta == nil {
+				delta = g.pokeContent(u.Delta(nil))
+			}
+			pc = delta
+		default:
+			pc = g.pokeContent(g.cvr.Catchup(c.base, c.hasBase))
+		}
+		g.s.metrics.pokes.Inc()
+		if err := c.sendPoke(c.base, c.hasBase, v, pc, begun); err != nil {
+			c.fail(newProtocolError(kindInternal, "%v", err))
+			continue
+		}
+		if begun {
+			ps.ended[c] = true
+		}
+		c.base, c.hasBase, c.everPoked = v, true, true
+	}
+	ps.abandon()
+}
+
+// pokeContent is what one poke carries.
+type pokeContent struct {
+	desired map[string][]queryPatch
+	got     []queryPatch
+	rows    []rowPatch
+	lmids   map[string]float64
+	// mutations are mutationsPatch entries, encoded.
+	mutations []json.RawMessage
+}
+
+func (pc *pokeContent) empty() bool {
+	return len(pc.desired) == 0 && len(pc.got) == 0 && len(pc.rows) == 0 && len(pc.lmids) == 0 && len(pc.mutations) == 0
+}
+
+// pokeContent turns the CVR's patches into what a poke carries.
+func (g *group) pokeContent(patches iter.Seq[cvrstore.Patch]) *pokeContent {
+	pc := &pokeContent{}
+	for p := range patches {
+		op := "put"
+		if p.Del {
+			op = "del"
+		}
+		switch p.Kind {
+		case cvrstore.DesirePatch:
+			if pc.desired == nil {
+				pc.desired = map[string][]queryPatch{}
+			}
+			pc.desired[p.ClientID] = append(pc.desired[p.ClientID], queryPatch{Op: op, Hash: p.Hash})
+		case cvrstore.GotPatch:
+			pc.got = append(pc.got, queryPatch{Op: op, Hash: p.Hash})
+		case cvrstore.RowPatch:
+			g.addRow(pc, p.Row)
+		}
+	}
+	return pc
+}
+
+// addRow adds a row's patch; rows of the internal clients table become
+// lastMutationIDChanges (docs/protocol.md §8).
+func (g *group) addRow(pc *pokeContent, rec *cvrstore.Row) {
+	if rec.Table == g.s.clientsTable {
+		if rec.Refs == nil {
+			return
+		}
+		if rec.Value.IsZero() {
+			return
+		}
+		cid, _ := rec.Value.Get("clientID").(string)
+		lmid, ok := rec.Value.Get("lastMutationID").(float64)
+		if cgid, _ := rec.Value.Get("clientGroupID").(string); cid == "" || !ok || cgid != g.id {
+			return
+		}
+		if pc.lmids == nil {
+			pc.lmids = map[string]float64{}
+		}
+		pc.lmids[cid] = lmid
+		return
+	}
+	if rec.Table == g.s.mutationsTable {
+		if p := g.mutationPatch(rec); p != nil {
+			pc.mutations = append(pc.mutations, p)
+		}
+		return
+	}
+	if rec.Refs == nil {
+		pc.rows = append(pc.rows, rowPatch{Op: "del", TableName: rec.Table, ID: json.RawMessage(rec.Key)})
+		return
+	}
+	pc.rows = append(pc.rows, rowPatch{Op: "put", TableName: rec.Table, Value: rec.Value})
+}
+
+// sendPoke queues one poke from base to cookie; begun is set when its
+// pokeStart and first parts were streamed already (pokeStream).
+func (c *conn) sendPoke(base string, hasBase bool, cookie string, pc *pokeContent, begun bool) error {
+	var bc *string
+	if hasBase {
+		bc = &base
+	}
+	var frames [][]byte
+	add := func(tag string, body any) error {
+		b, err := encodeFrame(tag, body)
+		if err != nil {
+			return err
+		}
+		frames = append(frames, b)
+		return nil
+	}
+	if !begun {
+		if err := add("pokeStart", pokeStartBody{PokeID: cookie, BaseCookie: bc}); err != nil {
+			return err
+		}
+	}
+	if !pc.empty() {
+		size := 0
+		for _, part := range pc.parts(cookie) {
+			b, err := encodePokePart(part, size)
+			if err != nil {
+				return err
+			}
+			size = len(b)
+			frames = append(frames, b)
+		}
+	}
+	if err := add("pokeEnd", pokeEndBody{PokeID: cookie, Cookie: cookie}); err != nil {
+		return err
+	}
+	c.enqueue(frames...)
+	return nil
+}
+
+// parts splits a poke's patches into parts of at most partSize patches:
+// query patches first, then rows, as zero-cache orders them.
+func (pc *pokeContent) parts(pokeID string) []*pokePartBody {
+	var out []*pokePartBody
+	cur := &pokePartBody{PokeID: pokeID, LastMutationIDChanges: pc.lmids, MutationsPatch: pc.mutations}
+	n := len(pc.lmids) + len(pc.mutations)
+	next := func() {
+		if n >= partSize {
+			out = append(out, cur)
+			cur, n = &pokePartBody{PokeID: pokeID}, 0
+		}
+	}
+	for _, q := range pc.got {
+		next()
+		cur.GotQueriesPatch = append(cur.GotQueriesPatch, q)
+		n++
+	}
+	clients := make([]string, 0, len(pc.desired))
+	for id := range pc.desired {
+		clients = append(clients, id)
+	}
+	sort.Strings(clients)
+	for _, id := range clients {
+		for _, q := range pc.desired[id] {
+			next()
+			if cur.DesiredQueriesPatches == nil {
+				cur.DesiredQueriesPatches = map[string][]queryPatch{}
+			}
+			cur.DesiredQueriesPatches[id] = append(cur.DesiredQueriesPatches[id], q)
+			n++
+		}
+	}
+	for _, r := range pc.rows {
+		next()
+		cur.RowsPatch = append(cur.RowsPatch, r)
+		n++
+	}
+	if n > 0 || len(out) == 0 {
+		out = append(out, cur)
+	}
+	return out
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
 // failingStore fails the flushes of query-driven updates with at least
@@ -16,11 +18,11 @@ type failingStore struct {
 	fail atomic.Bool
 }
 
-func (f *failingStore) flush(ctx context.Context, c *cvr, u *update) error {
-	if f.fail.Load() && u.query && len(u.rows) >= partSize {
+func (f *failingStore) Flush(ctx context.Context, c *cvrstore.CVR, u *cvrstore.Update) error {
+	if f.fail.Load() && u.Query && u.PatchedRows() >= partSize {
 		return context.DeadlineExceeded
 	}
-	return f.cvrStore.flush(ctx, c, u)
+	return f.cvrStore.Flush(ctx, c, u)
 }
 
 // readPokeFrames reads one poke's frames, or what came of one before an

@@ -177,12 +177,41 @@ func (c Config) Validate() error {
 	return c.authKeys().Validate()
 }
 
+// cvrStore keeps CVRs beyond a group's life in memory: cvrstore.Mem in the
+// process, cvrstore.Durable on JetStream. Flush gets the update, so that a
+// durable store writes only what it changed.
+type cvrStore interface {
+	// Load returns the group's CVR, nil for a group never written. It
+	// takes the group's ownership; *cvrstore.OwnedError reports a live
+	// peer that holds it.
+	Load(ctx context.Context, groupID string) (*cvrstore.CVR, error)
+	// Flush makes the update durable; it returns before the pokeEnd that
+	// carries its cookie goes out.
+	Flush(ctx context.Context, c *cvrstore.CVR, u *cvrstore.Update) error
+	// Unload gives up a group no longer in memory: its ownership goes
+	// back, so that a peer may serve it.
+	Unload(ctx context.Context, c *cvrstore.CVR)
+	// Drop forgets a group whose in-memory CVR can no longer be trusted;
+	// the next Load starts from what was durably written.
+	Drop(ctx context.Context, c *cvrstore.CVR)
+}
+
+// cvrOwners is what the view-syncer uses of a durable store besides its
+// CVRs (*cvrstore.Store): the leases' renewal, their owners, and garbage
+// collection.
+type cvrOwners interface {
+	Run(ctx context.Context) error
+	Owner(ctx context.Context, groupID string) (streams.CVROwner, error)
+	NewPurger(cfg cvrstore.GCConfig) (*cvrstore.Purger, error)
+}
+
 // Server is the view-syncer.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	db      *sql.DB
 	store   cvrStore
+	owners  cvrOwners        // nil: CVRs in memory
 	purger  *cvrstore.Purger // nil: no garbage collection
 	auth    *auth.Verifier   // nil: no key configured
 	api     *appapi.Client   // nil: no query or mutate URL configured
@@ -237,12 +266,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	db.SetMaxOpenConns(DefaultReadConns)
 	log := cfg.Logger.With("component", "view-syncer")
-	var store cvrStore = newMemStore()
+	var store cvrStore = cvrstore.NewMem()
+	var owners cvrOwners
 	var purger *cvrstore.Purger
 	if cfg.CVR != nil {
-		store = &durableStore{s: cfg.CVR, log: log}
+		store, owners = &cvrstore.Durable{Store: cfg.CVR, Log: log}, cfg.CVR
 		if cfg.GC.BatchSize != 0 {
-			if purger, err = cfg.CVR.NewPurger(cfg.GC); err != nil {
+			if purger, err = owners.NewPurger(cfg.GC); err != nil {
 				return nil, err
 			}
 		}
@@ -252,6 +282,7 @@ func New(cfg Config) (*Server, error) {
 		log:            log,
 		db:             db,
 		store:          store,
+		owners:         owners,
 		purger:         purger,
 		auth:           verifier,
 		api:            api,
@@ -289,9 +320,9 @@ func (s *Server) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { s.evictLoop(ctx) })
-	if s.cfg.CVR != nil {
+	if s.owners != nil {
 		wg.Go(func() {
-			if err := s.cfg.CVR.Run(ctx); err != nil {
+			if err := s.owners.Run(ctx); err != nil {
 				s.log.Error("cvr leases", "err", err)
 			}
 		})
@@ -421,7 +452,7 @@ func (s *Server) evictLoop(ctx context.Context) {
 				}
 				if g.unloadIfIdle(ctx, now) {
 					s.removeGroup(g)
-					s.store.unload(ctx, g.cvr)
+					s.store.Unload(ctx, g.cvr)
 					continue
 				}
 				if err := g.evict(ctx, now); err != nil && ctx.Err() == nil {

@@ -233,52 +233,6 @@ func TestSnapshot(t *testing.T) {
 	}
 }
 
-func TestCatchup(t *testing.T) {
-	db := openDB(t)
-	w := newWorkload(3)
-	var versions []string
-	for i, m := range w.messages(80) {
-		mustApply(t, db, uint64(i+1), m)
-		versions = append(versions, m.Version)
-	}
-	st := load(t, db, "g")
-	for _, base := range append([]string{"", versions[0], versions[40], versions[79], "zz"}, versions[10:13]...) {
-		t.Run("base="+base, func(t *testing.T) {
-			d, err := Catchup(context.Background(), db, "g", base)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := &Diff{Version: st.Instance.Version}
-			for _, k := range sortedKeys(st.Queries, func(a, b string) bool { return a < b }) {
-				if q := st.Queries[k]; q.PatchVersion > base {
-					want.Queries = append(want.Queries, q)
-				}
-			}
-			for _, k := range sortedKeys(st.Desires, func(a, b DesireKey) bool {
-				return a.ClientID < b.ClientID || a.ClientID == b.ClientID && a.Hash < b.Hash
-			}) {
-				if ds := st.Desires[k]; ds.PatchVersion > base {
-					want.Desires = append(want.Desires, ds)
-				}
-			}
-			for _, k := range sortedKeys(st.Rows, func(a, b RowKey) bool { return a.Table < b.Table || a.Table == b.Table && a.Key < b.Key }) {
-				if r := st.Rows[k]; r.PatchVersion > base {
-					want.Rows = append(want.Rows, r)
-				}
-			}
-			if d := cmp.Diff(want, d); d != "" {
-				t.Errorf("Catchup(%q) (-want +got):\n%s", base, d)
-			}
-			if base == versions[79] && (len(d.Rows)+len(d.Queries)+len(d.Desires) != 0) {
-				t.Errorf("Catchup at the current version is not empty")
-			}
-		})
-	}
-	if d, err := Catchup(context.Background(), db, "g", versions[60]); err != nil || len(d.Rows) == 0 {
-		t.Errorf("Catchup(%q) = %d rows, %v; want some", versions[60], len(d.Rows), err)
-	}
-}
-
 // workload makes a deterministic random history of one group's updates
 // and keeps a model of the state they describe.
 type workload struct {

@@ -81,61 +81,23 @@ func Load(ctx context.Context, q Querier, groupID string) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load cvr clients: %w", err)
 	}
-	if err := queries(ctx, q, groupID, nil, func(qr streams.CVRQuery) { st.Queries[qr.Hash] = qr }); err != nil {
+	if err := queries(ctx, q, groupID, func(qr streams.CVRQuery) { st.Queries[qr.Hash] = qr }); err != nil {
 		return nil, err
 	}
-	if err := desires(ctx, q, groupID, nil, func(d streams.CVRDesire) { st.Desires[DesireKey{d.ClientID, d.Hash}] = d }); err != nil {
+	if err := desires(ctx, q, groupID, func(d streams.CVRDesire) { st.Desires[DesireKey{d.ClientID, d.Hash}] = d }); err != nil {
 		return nil, err
 	}
-	if err := rows(ctx, q, groupID, nil, func(r streams.CVRRow) { st.Rows[Key(&r)] = r }); err != nil {
+	if err := rows(ctx, q, groupID, func(r streams.CVRRow) { st.Rows[Key(&r)] = r }); err != nil {
 		return nil, err
 	}
 	return st, nil
 }
 
-// Diff is what changed in a group after a base version: the records whose
-// patch version is greater (docs/protocol.md §6.4), each in its current
-// state, sorted by identity. The caller applies the protocol's filters (for
-// a null base: only live rows, got queries, active desires of live clients;
-// internal queries never).
-type Diff struct {
-	// Version is the group's current version, the catch-up's target.
-	Version string
-	Queries []streams.CVRQuery
-	Desires []streams.CVRDesire
-	Rows    []streams.CVRRow
-}
+// The readers below read every record of a group, in key order.
 
-// Catchup reads the records of a group whose patch version is greater than
-// base; base "" (a null cookie) gives every record that has a patch
-// version.
-func Catchup(ctx context.Context, q Querier, groupID, base string) (*Diff, error) {
-	d := &Diff{}
-	err := q.QueryRowContext(ctx, `SELECT version FROM instances WHERE groupID = ?`, groupID).Scan(&d.Version)
-	if errors.Is(err, sql.ErrNoRows) {
-		return d, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("catchup cvr: %w", err)
-	}
-	if err := queries(ctx, q, groupID, &base, func(qr streams.CVRQuery) { d.Queries = append(d.Queries, qr) }); err != nil {
-		return nil, err
-	}
-	if err := desires(ctx, q, groupID, &base, func(ds streams.CVRDesire) { d.Desires = append(d.Desires, ds) }); err != nil {
-		return nil, err
-	}
-	if err := rows(ctx, q, groupID, &base, func(r streams.CVRRow) { d.Rows = append(d.Rows, r) }); err != nil {
-		return nil, err
-	}
-	return d, nil
-}
-
-// The readers below read every record of a group when base is nil (Load),
-// else those with patchVersion > *base (Catchup).
-
-func queries(ctx context.Context, q Querier, groupID string, base *string, f func(streams.CVRQuery)) error {
+func queries(ctx context.Context, q Querier, groupID string, f func(streams.CVRQuery)) error {
 	query, args := filtered(`SELECT hash, ast, name, args, transformationHash, transformationVersion, internal, got, patchVersion
-		FROM queries WHERE groupID = ?`, groupID, base, "hash")
+		FROM queries WHERE groupID = ?`, groupID, "hash")
 	err := each(ctx, q, query, args, func(r *sql.Rows) error {
 		var qr streams.CVRQuery
 		var ast, qargs sql.NullString
@@ -153,9 +115,9 @@ func queries(ctx context.Context, q Querier, groupID string, base *string, f fun
 	return nil
 }
 
-func desires(ctx context.Context, q Querier, groupID string, base *string, f func(streams.CVRDesire)) error {
+func desires(ctx context.Context, q Querier, groupID string, f func(streams.CVRDesire)) error {
 	query, args := filtered(`SELECT clientID, hash, ttlMs, inactivatedAtMs, cleared, patchVersion
-		FROM desires WHERE groupID = ?`, groupID, base, "clientID, hash")
+		FROM desires WHERE groupID = ?`, groupID, "clientID, hash")
 	err := each(ctx, q, query, args, func(r *sql.Rows) error {
 		var d streams.CVRDesire
 		var inact sql.NullFloat64
@@ -174,8 +136,8 @@ func desires(ctx context.Context, q Querier, groupID string, base *string, f fun
 	return nil
 }
 
-func rows(ctx context.Context, q Querier, groupID string, base *string, f func(streams.CVRRow)) error {
-	query, args := filtered(`SELECT tbl, key, rowVersion, patchVersion, refs FROM rows WHERE groupID = ?`, groupID, base, "tbl, key")
+func rows(ctx context.Context, q Querier, groupID string, f func(streams.CVRRow)) error {
+	query, args := filtered(`SELECT tbl, key, rowVersion, patchVersion, refs FROM rows WHERE groupID = ?`, groupID, "tbl, key")
 	err := each(ctx, q, query, args, func(r *sql.Rows) error {
 		var row streams.CVRRow
 		var key string
@@ -198,13 +160,8 @@ func rows(ctx context.Context, q Querier, groupID string, base *string, f func(s
 	return nil
 }
 
-func filtered(query, groupID string, base *string, order string) (string, []any) {
-	args := []any{groupID}
-	if base != nil {
-		query += " AND patchVersion > ?"
-		args = append(args, *base)
-	}
-	return query + " ORDER BY " + order, args
+func filtered(query, groupID, order string) (string, []any) {
+	return query + " ORDER BY " + order, []any{groupID}
 }
 
 func each(ctx context.Context, q Querier, query string, args []any, f func(*sql.Rows) error) error {

@@ -8,9 +8,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jetsync/jetsync/consumers/cvrstore"
-
 	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 

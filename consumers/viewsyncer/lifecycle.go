@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jetsync/jetsync/consumers/cvrstore"
-
 	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/streams"
 )
 

@@ -5,9 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 
-	"github.com/jetsync/jetsync/consumers/cvrstore"
-
 	"github.com/jetsync/jetsync/consumers/appapi"
+	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
 // cleanupKey marks the pusher entries that carry _zero_cleanupResults

@@ -7,7 +7,6 @@ import (
 	"sort"
 
 	"github.com/jetsync/jetsync/consumers/cvrstore"
-
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
@@ -95,7 +94,7 @@ func appendString(b []byte, s string) ([]byte, error) {
 //
 // Only puts are streamed, and only once they are final: within one update
 // each pipeline moves its own references once, so a row that one put in
-// stays live to the end. finishRows checks it.
+// stays live to the end. Update.Finish checks it.
 type pokeStream struct {
 	conns []*conn
 	// ended marks the connections that got the pokeEnd.

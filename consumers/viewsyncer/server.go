@@ -4,8 +4,8 @@
 // the SQLite replica that a replica.Consumer keeps, and poking them as the
 // replica advances.
 //
-// Each client group has a CVR (cvr.go) and a set of pipelines (group.go);
-// all of a group's work is serialised by its lock. Run follows the
+// Each client group has a CVR (consumers/cvrstore) and a set of pipelines
+// (group.go); all of a group's work is serialised by its lock. Run follows the
 // replica's subscription and advances every group; connections (conn.go)
 // drive the groups' config changes.
 package viewsyncer

@@ -54,9 +54,11 @@ type CVR struct {
 	w     *Group
 	// written is the instance record as last written, and
 	// schemaWritten the client schema; config records are tracked by
-	// dirty instead, rows by each Update.
+	// dirty instead, rows by each Update. Only a durable store's CVRs
+	// (track) keep dirty: memory has nothing to write.
 	written       streams.CVRInstance
 	schemaWritten json.RawMessage
+	track         bool
 	dirty         dirty
 }
 
@@ -75,7 +77,7 @@ func New(id string) *CVR {
 func (c *CVR) Reset() {
 	*c = CVR{
 		ID: c.ID, Clients: map[string]*Client{}, Queries: map[string]*Query{}, Rows: map[string]*Row{},
-		Now: c.Now, clockAt: c.clockAt, oneRef: c.oneRef, lease: c.lease, w: c.w, written: c.written,
+		Now: c.Now, clockAt: c.clockAt, oneRef: c.oneRef, lease: c.lease, w: c.w, written: c.written, track: c.track,
 	}
 }
 

@@ -70,6 +70,9 @@ func baseOf(q *Query) queryBase {
 
 // touchClient records cl (nil: none) before a change to client id.
 func (c *CVR) touchClient(id string, cl *Client) {
+	if !c.track {
+		return
+	}
 	if _, ok := c.dirty.clients[id]; ok {
 		return
 	}
@@ -84,6 +87,9 @@ func (c *CVR) touchClient(id string, cl *Client) {
 }
 
 func (c *CVR) touchDesire(clientID, hash string, d *Desire) {
+	if !c.track {
+		return
+	}
 	k := DesireKey{clientID, hash}
 	if _, ok := c.dirty.desires[k]; ok {
 		return
@@ -99,6 +105,9 @@ func (c *CVR) touchDesire(clientID, hash string, d *Desire) {
 }
 
 func (c *CVR) touchQuery(hash string, q *Query) {
+	if !c.track {
+		return
+	}
 	if _, ok := c.dirty.queries[hash]; ok {
 		return
 	}
@@ -133,7 +142,6 @@ func (m *Mem) Flush(_ context.Context, c *CVR, _ *Update) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.cvrs[c.ID] = c
-	c.dirty = dirty{}
 	return nil
 }
 
@@ -197,6 +205,7 @@ func (d *Durable) Load(ctx context.Context, id string) (*CVR, error) {
 // before it pokes.
 func fromState(st *cvr.State) (*CVR, error) {
 	c := New(st.GroupID)
+	c.track = true
 	in := st.Instance
 	c.written, c.schemaWritten = in, st.ClientSchema
 	c.Version, c.ReplicaVersion, c.TTLClockMs, c.UserID = in.Version, in.ReplicaVersion, in.TTLClockMs, in.UserID

@@ -149,6 +149,7 @@ type runner struct {
 func newRunner(t *testing.T) *runner {
 	r := &runner{t: t, c: New("g"), now: time.UnixMilli(0), rows: newRowSource(t)}
 	r.c.Now = func() time.Time { return r.now }
+	r.c.track = true // as a durable store's, for flush
 	return r
 }
 

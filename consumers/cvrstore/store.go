@@ -1,9 +1,13 @@
-// Package cvrstore keeps client view records durable on JetStream: it
-// publishes each client group's CVR updates to the CVR stream, loads a
-// group by replaying its subject into the projections/cvr state store (a
-// local SQLite file that caches the projection across restarts), compacts
-// long histories into snapshots, and manages the leases that give each
-// group one owner at a time.
+// Package cvrstore holds client view records: the CVR (cvr.go), the rules
+// by which an update changes it and the patches that tell clients
+// (update.go, patch.go), and the stores that keep it (persist.go: Mem in
+// memory, Durable on JetStream).
+//
+// Durably, it publishes each client group's CVR updates to the CVR
+// stream, loads a group by replaying its subject into the projections/cvr
+// state store (a local SQLite file that caches the projection across
+// restarts), compacts long histories into snapshots, and manages the
+// leases that give each group one owner at a time.
 //
 // Two safety nets keep two view-syncers from both advancing a group: the
 // lease, which tells a view-syncer to stop serving a group it lost, and

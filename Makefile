@@ -14,7 +14,7 @@ FUZZTIME ?= 20s
 # leans on SQLite: those run one package at a time and without -race, since
 # modernc SQLite is 18-23x slower under it. e2e drives ./bin/jetsync and runs
 # last.
-RACE_PATTERNS := ./streams/... ./projections/... ./producers/pgvalue/... ./consumers/replica/... ./consumers/viewsyncer/... ./consumers/auth/... ./consumers/zql/permissions/... ./consumers/cvrstore/... ./consumers/appapi/... ./examples/...
+RACE_PATTERNS := ./streams/... ./projections/... ./producers/pgvalue/... ./consumers/replicator/... ./consumers/viewsyncer/... ./consumers/auth/... ./consumers/zql/permissions/... ./consumers/cvrstore/... ./consumers/appapi/... ./examples/...
 list = $(shell $(GO) list -e $(1) 2>/dev/null | grep '^github.com/')
 RACE_PKGS   = $(call list,$(RACE_PATTERNS))
 ALL_PKGS    = $(call list,./...)

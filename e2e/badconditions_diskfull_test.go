@@ -15,7 +15,7 @@ import (
 
 // mountTmpfs mounts a tmpfs of size bytes on dir until the test ends, and
 // returns a func that resizes it. It skips the test where mounting is not
-// allowed (non-root CI): consumers/replica's TestConsumer_DiskFull then
+// allowed (non-root CI): consumers/replicator's TestConsumer_DiskFull then
 // covers the same path with SQLite's max_page_count.
 func mountTmpfs(t *testing.T, dir string, size int) (resize func(size int)) {
 	t.Helper()
@@ -23,7 +23,7 @@ func mountTmpfs(t *testing.T, dir string, size int) (resize func(size int)) {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs (%v: %s); consumers/replica TestConsumer_DiskFull covers a full disk with max_page_count", err, strings.TrimSpace(string(out)))
+		t.Skipf("cannot mount a tmpfs (%v: %s); consumers/replicator TestConsumer_DiskFull covers a full disk with max_page_count", err, strings.TrimSpace(string(out)))
 	}
 	t.Logf("the replica is on a %d KiB tmpfs at %s", size>>10, dir)
 	t.Cleanup(func() {

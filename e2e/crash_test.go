@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	projreplica "github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -537,16 +537,16 @@ func TestCrash_ChangeStreamer(t *testing.T) {
 
 // replicaState reads a replica file's state; the zero State when the file
 // or its state is not there yet.
-func replicaState(t *testing.T, file string) projreplica.State {
+func replicaState(t *testing.T, file string) replica.State {
 	t.Helper()
 	if _, err := os.Stat(file); err != nil {
-		return projreplica.State{}
+		return replica.State{}
 	}
 	db := openFile(t, file)
 	defer db.Close()
-	st, err := projreplica.LoadState(context.Background(), db)
+	st, err := replica.LoadState(context.Background(), db)
 	if err != nil {
-		return projreplica.State{}
+		return replica.State{}
 	}
 	return st
 }
@@ -595,7 +595,7 @@ func TestCrash_Replica(t *testing.T) {
 	})
 	const iterations = 14
 	var initialKills, behindKills int
-	var logFrom projreplica.State // where the apply log starts
+	var logFrom replica.State // where the apply log starts
 	started := time.Now()
 	for i := range iterations {
 		p := c.startReplicator()

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	projreplica "github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/projections/replica"
 )
 
 // ddlSchema adds, to the spine's tables, tables that schema changes act on
@@ -254,7 +254,7 @@ func (s *spine) checkSchemaEqualsPostgres() {
 		if err := rows.Scan(&schema, &name, &oid); err != nil {
 			t.Fatal(err)
 		}
-		tables = append(tables, tbl{projreplica.TableName(schema, name), oid})
+		tables = append(tables, tbl{replica.TableName(schema, name), oid})
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
@@ -318,7 +318,7 @@ func (s *spine) checkSchemaEqualsPostgres() {
 			if err := rows.Scan(&schema, &name, &unique, &cols, &desc); err != nil {
 				t.Fatal(err)
 			}
-			lines = append(lines, indexLine(projreplica.TableName(schema, name), unique, cols, desc))
+			lines = append(lines, indexLine(replica.TableName(schema, name), unique, cols, desc))
 		}
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
@@ -358,7 +358,7 @@ func (s *spine) checkSchemaEqualsPostgres() {
 			if err := crows.Scan(&name, &typ, &maxLen); err != nil {
 				t.Fatal(err)
 			}
-			if name == projreplica.VersionColumn {
+			if name == replica.VersionColumn {
 				continue
 			}
 			typ = strings.ToLower(strings.ReplaceAll(typ, `"`, ""))

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	replicalayout "github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/projections/replica"
 )
 
 // TestSpine_OldImagesFull runs the random workload against tables whose
@@ -85,7 +85,7 @@ func (s *spine) checkOldRows(w *workload, n int) (images, versioned int) {
 			k := rowKey(rc.Key)
 			if rc.Old != nil {
 				want := tbl[k]
-				if _, ok := rc.Old[replicalayout.VersionColumn]; !ok {
+				if _, ok := rc.Old[replica.VersionColumn]; !ok {
 					images++
 					want = withoutVersion(want)
 				} else {
@@ -127,7 +127,7 @@ func withoutVersion(row map[string]any) map[string]any {
 	}
 	out := make(map[string]any, len(row))
 	for k, v := range row {
-		if k != replicalayout.VersionColumn {
+		if k != replica.VersionColumn {
 			out[k] = v
 		}
 	}

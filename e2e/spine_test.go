@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
@@ -71,7 +71,7 @@ type spine struct {
 	js    jetstream.JetStream
 	shard streams.Shard
 	file  string
-	rep   *replica.Consumer
+	rep   *replicator.Consumer
 	stop  func()
 	nats  string // client URL of the NATS server
 }
@@ -117,7 +117,7 @@ func (s *spine) startProducer() {
 }
 
 func (s *spine) startReplica() {
-	rep, err := replica.New(replica.Config{File: s.file, Shard: s.shard, TaskID: "spine"}, s.js)
+	rep, err := replicator.New(replicator.Config{File: s.file, Shard: s.shard, TaskID: "spine"}, s.js)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ import (
 
 	"github.com/jetsync/jetsync/bench/internal/benchenv"
 	"github.com/jetsync/jetsync/consumers/backup"
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/restore"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -118,7 +118,7 @@ func (e *env) tx(ctx context.Context, id int) (uint64, error) {
 	return seq, err
 }
 
-func waitSeq(ctx context.Context, c *replica.Consumer, seq uint64, timeout time.Duration) error {
+func waitSeq(ctx context.Context, c *replicator.Consumer, seq uint64, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for c.State().StreamSeq < seq {
 		if time.Now().After(deadline) {
@@ -134,8 +134,8 @@ func waitSeq(ctx context.Context, c *replica.Consumer, seq uint64, timeout time.
 }
 
 // runReplica runs a replica consumer until the returned stop is called.
-func runReplica(js jetstream.JetStream, shard streams.Shard, file, task string) (*replica.Consumer, func() error, error) {
-	c, err := replica.New(replica.Config{File: file, Shard: shard, TaskID: task, Logger: slog.New(slog.DiscardHandler)}, js)
+func runReplica(js jetstream.JetStream, shard streams.Shard, file, task string) (*replicator.Consumer, func() error, error) {
+	c, err := replicator.New(replicator.Config{File: file, Shard: shard, TaskID: task, Logger: slog.New(slog.DiscardHandler)}, js)
 	if err != nil {
 		return nil, nil, err
 	}

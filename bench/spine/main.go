@@ -38,7 +38,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/jetsync/jetsync/bench/internal/benchenv"
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/producers/pglocal"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
@@ -148,7 +148,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	rep, err := replica.New(replica.Config{File: filepath.Join(root, "replica.db"), Shard: shard, TaskID: "bench", Logger: log}, js)
+	rep, err := replicator.New(replicator.Config{File: filepath.Join(root, "replica.db"), Shard: shard, TaskID: "bench", Logger: log}, js)
 	if err != nil {
 		return err
 	}
@@ -342,7 +342,7 @@ func poll(ctx context.Context, t0 time.Time, limit time.Duration, f func() (bool
 	}
 }
 
-func drainUpdates(sub *replica.Subscription) {
+func drainUpdates(sub *replicator.Subscription) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		_, err := sub.Next(ctx)
@@ -353,7 +353,7 @@ func drainUpdates(sub *replica.Subscription) {
 	}
 }
 
-func waitTitle(ctx context.Context, sub *replica.Subscription, title string, limit time.Duration) error {
+func waitTitle(ctx context.Context, sub *replicator.Subscription, title string, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for {
@@ -377,7 +377,7 @@ type latencies struct {
 // its commit returning to the client until the stream carries it (a core
 // NATS subscription on the change subjects) and until the replica applied it
 // (the changed-rows subscription).
-func latency(ctx context.Context, pool *pgxpool.Pool, sub *replica.Subscription, nc *nats.Conn, shard streams.Shard, ids []string, rate, n int) (latencies, error) {
+func latency(ctx context.Context, pool *pgxpool.Pool, sub *replicator.Subscription, nc *nats.Conn, shard streams.Shard, ids []string, rate, n int) (latencies, error) {
 	drainUpdates(sub)
 	applied := make([]int64, n)
 	streamed := make([]atomic.Int64, n)

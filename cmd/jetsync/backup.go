@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/backup"
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/restore"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -190,7 +190,7 @@ func (r *restoreFlags) restoreReplica(ctx context.Context, rl role, js jetstream
 // change-streamer, as components: restored under the purge lock (R-15,
 // R-17), followed, snapshotted by the backup producer, and its restore hold
 // ended once caught up. cons is what a sync server reads.
-func backedReplica(ctx context.Context, rl role, js jetstream.JetStream, file, name, logName string, b *backupFlags, r *restoreFlags, replicas int) (cons *replica.Consumer, comps []component, err error) {
+func backedReplica(ctx context.Context, rl role, js jetstream.JetStream, file, name, logName string, b *backupFlags, r *restoreFlags, replicas int) (cons *replicator.Consumer, comps []component, err error) {
 	hold, err := r.restoreReplica(ctx, rl, js, file, b.reservationTTL, true)
 	if err != nil {
 		return nil, nil, err
@@ -210,7 +210,7 @@ func backedReplica(ctx context.Context, rl role, js jetstream.JetStream, file, n
 // endHold is the component that ends a restore's reservation (or releases
 // its purge lock) once cons has caught up with the stream as it stood when
 // the restore finished.
-func endHold(rl role, hold *restore.Hold, cons *replica.Consumer) []component {
+func endHold(rl role, hold *restore.Hold, cons *replicator.Consumer) []component {
 	if hold == nil {
 		return nil
 	}

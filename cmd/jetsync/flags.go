@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -121,6 +121,6 @@ func (n *natsFlags) register(fs *flag.FlagSet, e *env) {
 
 // replicaReady reports whether cons's replica exists: synced once, not
 // being restored or rebuilt from scratch.
-func replicaReady(cons *replica.Consumer) func() bool {
+func replicaReady(cons *replicator.Consumer) func() bool {
 	return func() bool { return cons.State().Watermark != "" }
 }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/consumers/replica"
-	projection "github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -96,15 +96,15 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	log.Debug("replay range", "from_seq", fromSeq, "to_seq", toSeq, "first", first, "last", last)
 
 	if c.into != "" {
-		rcfg := replica.ReplayConfig{File: c.into, Shard: shard, ToSeq: toSeq, Logger: log}
+		rcfg := replicator.ReplayConfig{File: c.into, Shard: shard, ToSeq: toSeq, Logger: log}
 		if !from.zero() {
 			rcfg.FromSeq = fromSeq
 		}
 		if c.table != "" {
 			schema, table, _ := parseTable(c.table)
-			rcfg.Table = projection.TableName(schema, table)
+			rcfg.Table = replica.TableName(schema, table)
 		}
-		state, err := replica.Replay(ctx, js, rcfg)
+		state, err := replicator.Replay(ctx, js, rcfg)
 		if err != nil {
 			return fmt.Errorf("replay into %s: %w", c.into, err)
 		}

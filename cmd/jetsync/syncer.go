@@ -17,7 +17,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/viewsyncer"
 )
 
@@ -167,7 +167,7 @@ func (h hidden) Set(v string) error { *h.v = v; return nil }
 // newSyncServer builds the Zero sync endpoint over cons's replica, with the
 // CVRs in the JetStream CVR stream, and mounts it on h. The store it opens
 // is closed by the returned func, after the server's Run returned.
-func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.JetStream, file string, cons *replica.Consumer, a syncFlags) (*viewsyncer.Server, func(), error) {
+func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.JetStream, file string, cons *replicator.Consumer, a syncFlags) (*viewsyncer.Server, func(), error) {
 	addr := a.advertise
 	if addr == "" {
 		host, err := os.Hostname()

@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -214,8 +214,8 @@ func (r *roleFlags) start(ctx context.Context, stderr io.Writer) (role, context.
 
 // replica makes the role's replica consumer named name, logging and
 // registering metrics as component.
-func (rl role) replica(js jetstream.JetStream, file, name, component string) (*replica.Consumer, error) {
-	return replica.New(replica.Config{
+func (rl role) replica(js jetstream.JetStream, file, name, component string) (*replicator.Consumer, error) {
+	return replicator.New(replicator.Config{
 		File:       file,
 		Shard:      rl.shard,
 		TaskID:     rl.id,

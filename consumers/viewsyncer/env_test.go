@@ -24,7 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/cvrstore"
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -42,7 +42,7 @@ type env struct {
 	js    jetstream.JetStream
 	kv    jetstream.KeyValue
 	shard streams.Shard
-	cons  *replica.Consumer
+	cons  *replicator.Consumer
 	file  string
 	log   *slog.Logger
 	// srv and http are the view-syncer clients dial (the first one
@@ -116,7 +116,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	file := filepath.Join(t.TempDir(), "replica.db")
-	cons, err := replica.New(replica.Config{File: file, Shard: shard, TaskID: "vs-test", Logger: logger}, js)
+	cons, err := replicator.New(replicator.Config{File: file, Shard: shard, TaskID: "vs-test", Logger: logger}, js)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/consumers/zql/permissions"
 )
@@ -171,7 +171,7 @@ type changeSet struct {
 	rows   []zql.Change
 }
 
-func (cs *changeSet) add(rcs []replica.RowChange) {
+func (cs *changeSet) add(rcs []replicator.RowChange) {
 	for _, rc := range rcs {
 		cs.tables[rc.Table] = true
 		cs.rows = append(cs.rows, zql.Change{Table: rc.Table, Old: rc.Old, New: rc.New})

@@ -1,7 +1,7 @@
 // Package viewsyncer is jetsync's view-syncer: it speaks the Zero sync
 // protocol, version 51 (docs/protocol.md), to
 // @rocicorp/zero clients over websockets, answering their AST queries from
-// the SQLite replica that a replica.Consumer keeps, and poking them as the
+// the SQLite replica that a replicator.Consumer keeps, and poking them as the
 // replica advances.
 //
 // Each client group has a CVR (consumers/cvrstore) and a set of pipelines
@@ -30,10 +30,10 @@ import (
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/consumers/zql/permissions"
-	projreplica "github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -57,11 +57,11 @@ const (
 const evictInterval = 50 * time.Millisecond
 
 // ReplicaFeed is what the server needs of the consumer that keeps
-// ReplicaFile (a *replica.Consumer): where the replica stands, and a
+// ReplicaFile (a *replicator.Consumer): where the replica stands, and a
 // subscription to its changed rows.
 type ReplicaFeed interface {
-	State() projreplica.State
-	Subscribe() *replica.Subscription
+	State() replica.State
+	Subscribe() *replicator.Subscription
 }
 
 // Config configures a Server.
@@ -287,9 +287,9 @@ func New(cfg Config) (*Server, error) {
 		auth:           verifier,
 		api:            api,
 		metrics:        m,
-		clientsTable:   projreplica.TableName(cfg.Shard.ID(), "clients"),
-		mutationsTable: projreplica.TableName(cfg.Shard.ID(), "mutations"),
-		permsTable:     projreplica.TableName(cfg.Shard.App, "permissions"),
+		clientsTable:   replica.TableName(cfg.Shard.ID(), "clients"),
+		mutationsTable: replica.TableName(cfg.Shard.ID(), "mutations"),
+		permsTable:     replica.TableName(cfg.Shard.App, "permissions"),
 		groups:         map[string]*group{},
 		dropping:       map[string]chan struct{}{},
 	}, nil
@@ -360,7 +360,7 @@ func (s *Server) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if errors.Is(err, replica.ErrClosed) {
+			if errors.Is(err, replicator.ErrClosed) {
 				return fmt.Errorf("replica subscription: %w", err)
 			}
 			s.log.Error("advance", "err", err)
@@ -375,7 +375,7 @@ func (s *Server) Run(ctx context.Context) error {
 // advance advances each group to snap, which reads the replica at exactly
 // u.To (Subscription.NextRead): the subscription says what changed, and
 // the snapshot is the one watermark the groups move to.
-func (s *Server) advance(ctx context.Context, snap *snapshot, u replica.Update) {
+func (s *Server) advance(ctx context.Context, snap *snapshot, u replicator.Update) {
 	var changed *changeSet
 	if !u.Reset {
 		changed = &changeSet{tables: map[string]bool{}}
@@ -507,7 +507,7 @@ func (s *Server) openSnapshotLike(ctx context.Context, like *snapshot) (*snapsho
 	if err != nil {
 		return nil, fmt.Errorf("begin replica read: %w", err)
 	}
-	st, err := projreplica.LoadState(ctx, tx)
+	st, err := replica.LoadState(ctx, tx)
 	if err != nil || st.Watermark != like.version {
 		_ = tx.Rollback()
 		return nil, err
@@ -545,7 +545,7 @@ func (s *Server) beginSnapshot(ctx context.Context, conn *sql.Conn) (*snapshot, 
 	if err != nil {
 		return nil, fmt.Errorf("begin replica read: %w", err)
 	}
-	st, err := projreplica.LoadState(ctx, tx)
+	st, err := replica.LoadState(ctx, tx)
 	if err != nil {
 		_ = tx.Rollback()
 		return nil, err

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 	"github.com/jetsync/jetsync/streams/streamstest"
@@ -115,7 +115,7 @@ func (e *Env) Tx(id int) uint64 {
 
 // Running is a replica consumer running in the background.
 type Running struct {
-	C    *replica.Consumer
+	C    *replicator.Consumer
 	File string
 	stop func() error
 	once sync.Once
@@ -139,7 +139,7 @@ func Logger() *slog.Logger {
 // StartReplica runs a replica consumer on file under taskID.
 func (e *Env) StartReplica(file, taskID string) *Running {
 	e.T.Helper()
-	c, err := replica.New(replica.Config{File: file, Shard: e.Shard, TaskID: taskID, Logger: Logger().With("task", taskID)}, e.JS)
+	c, err := replicator.New(replicator.Config{File: file, Shard: e.Shard, TaskID: taskID, Logger: Logger().With("task", taskID)}, e.JS)
 	if err != nil {
 		e.T.Fatal(err)
 	}

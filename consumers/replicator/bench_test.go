@@ -1,4 +1,4 @@
-package replica_test
+package replicator_test
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package replica_test
+package replicator_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -50,7 +50,7 @@ func TestReplay(t *testing.T) {
 
 	t.Run("Whole", func(t *testing.T) {
 		file := tempFile(t)
-		st, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard})
+		st, err := replicator.Replay(ctx, e.JS, replicator.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func TestReplay(t *testing.T) {
 	t.Run("InStages", func(t *testing.T) {
 		file := tempFile(t)
 		// Up to the middle of the three-message transaction: it is left out.
-		st, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard, ToSeq: mid})
+		st, err := replicator.Replay(ctx, e.JS, replicator.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard, ToSeq: mid})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func TestReplay(t *testing.T) {
 		if got := query(t, file, "SELECT count(*) FROM issue WHERE id = 'c'"); got[0] != "0" {
 			t.Error("part of an incomplete transaction was kept")
 		}
-		if _, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard}); err != nil {
+		if _, err := replicator.Replay(ctx, e.JS, replicator.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard}); err != nil {
 			t.Fatal(err)
 		}
 		if diff := cmp.Diff(want, snapshot(t, file)); diff != "" {
@@ -85,7 +85,7 @@ func TestReplay(t *testing.T) {
 
 	t.Run("OneTable", func(t *testing.T) {
 		file := tempFile(t)
-		if _, err := replica.Replay(ctx, e.JS, replica.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard, Table: "app.user"}); err != nil {
+		if _, err := replicator.Replay(ctx, e.JS, replicator.ReplayConfig{Logger: quiet, File: file, Shard: e.Shard, Table: "app.user"}); err != nil {
 			t.Fatal(err)
 		}
 		got := snapshot(t, file)

@@ -1,4 +1,4 @@
-package replica_test
+package replicator_test
 
 import (
 	"context"
@@ -10,12 +10,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/jetsync/jetsync/consumers/replica"
-	projreplica "github.com/jetsync/jetsync/projections/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
 
-func next(t *testing.T, s *replica.Subscription) replica.Update {
+func next(t *testing.T, s *replicator.Subscription) replicator.Update {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -46,7 +46,7 @@ func TestSubscription_Next(t *testing.T) {
 		r.waitWM(t, e.WM)
 		u := next(t, s)
 		v := e.Version
-		want := replica.Update{From: e.Version, To: e.WM, Changes: []replica.RowChange{
+		want := replicator.Update{From: e.Version, To: e.WM, Changes: []replicator.RowChange{
 			{Table: "issue", Key: m("id", "a"), New: m("id", "a", "title", "A", "n", int64(1), "_0_version", wa)},
 			{Table: "issue", Key: m("id", "i0"),
 				Old: m("id", "i0", "title", "title 0", "n", int64(0), "_0_version", v),
@@ -95,7 +95,7 @@ func TestSubscription_Next(t *testing.T) {
 			t.Errorf("Next = %+v; want one change", u)
 		}
 		s.Close()
-		if _, err := s.Next(context.Background()); !errors.Is(err, replica.ErrClosed) {
+		if _, err := s.Next(context.Background()); !errors.Is(err, replicator.ErrClosed) {
 			t.Errorf("Next after Close = %v; want ErrClosed", err)
 		}
 	})
@@ -159,7 +159,7 @@ func TestSubscription_NextRead(t *testing.T) {
 			defer tx.Rollback()
 			// A slow begin widens the window a commit could land in.
 			time.Sleep(time.Millisecond)
-			st, err := projreplica.LoadState(ctx, tx)
+			st, err := replica.LoadState(ctx, tx)
 			seen = st.Watermark
 			return err
 		})

@@ -1,9 +1,9 @@
-// Package replica is the consumer that keeps a SQLite replica of the change
+// Package replicator is the consumer that keeps a SQLite replica of the change
 // stream: a durable JetStream pull consumer feeding the replica projection.
 // Each upstream transaction is applied atomically, several per SQLite
 // commit; messages are acked only after the commit, and the stream sequence
 // stored in SQLite is the truth of its progress.
-package replica
+package replicator
 
 import (
 	"context"

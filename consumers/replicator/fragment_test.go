@@ -1,4 +1,4 @@
-package replica_test
+package replicator_test
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -94,7 +94,7 @@ func TestConsumer_Fragments(t *testing.T) {
 			e.tx(ins(issue("after", "X", 1)))
 			<-r.done
 			err := r.stop()
-			var de *replica.DecodeError
+			var de *replicator.DecodeError
 			if !errors.As(err, &de) || de.Seq != seqs[tc.bad] || !errors.Is(err, streams.ErrMalformed) {
 				t.Fatalf("Run = %v; want a DecodeError at seq %d", err, seqs[tc.bad])
 			}

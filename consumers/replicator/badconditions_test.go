@@ -1,4 +1,4 @@
-package replica_test
+package replicator_test
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 )
 
 // smallDisk puts dir on a disk that fills up: a tmpfs of size bytes when
@@ -45,7 +45,7 @@ func smallDisk(t *testing.T, dir string, size int) (mode string, grow func()) {
 		t.Logf("cannot mount a tmpfs (%v: %s); capping the replica with PRAGMA max_page_count instead", err, strings.TrimSpace(string(out)))
 	}
 	dbs := make(chan *sql.DB, 1)
-	t.Cleanup(replica.SetOpenHook(func(db *sql.DB) {
+	t.Cleanup(replicator.SetOpenHook(func(db *sql.DB) {
 		var pages, pageSize int
 		if err := db.QueryRow("PRAGMA page_count").Scan(&pages); err != nil {
 			t.Errorf("page_count: %v", err)

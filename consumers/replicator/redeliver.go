@@ -1,4 +1,4 @@
-package replica
+package replicator
 
 // rereadFirst reports whether a gap should first be answered by reading
 // again from the replica's position, rather than by a rebuild. A NATS

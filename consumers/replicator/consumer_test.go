@@ -1,4 +1,4 @@
-package replica_test
+package replicator_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -250,7 +250,7 @@ func TestConsumer_Run(t *testing.T) {
 		e.tx(ins(issue("after", "X", 1)))
 		<-r.done
 		err := r.stop()
-		var de *replica.DecodeError
+		var de *replicator.DecodeError
 		if !errors.As(err, &de) || de.Seq != seq {
 			t.Fatalf("Run = %v; want a DecodeError at seq %d", err, seq)
 		}

@@ -1,4 +1,4 @@
-package replica_test
+package replicator_test
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/jetsync/jetsync/consumers/replica"
+	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 	"github.com/jetsync/jetsync/streams/streamstest"
@@ -132,25 +132,25 @@ func (l *logBuffer) String() string {
 }
 
 type running struct {
-	c    *replica.Consumer
+	c    *replicator.Consumer
 	file string
 	logs *logBuffer
 	done chan struct{} // closed when Run returns
 	stop func() error
 }
 
-func (e *env) config(file string) replica.Config {
-	return replica.Config{File: file, Shard: e.Shard, TaskID: "task1"}
+func (e *env) config(file string) replicator.Config {
+	return replicator.Config{File: file, Shard: e.Shard, TaskID: "task1"}
 }
 
 // start runs a consumer on file until stop or the test's end.
-func (e *env) start(cfg replica.Config) *running {
+func (e *env) start(cfg replicator.Config) *running {
 	e.T.Helper()
 	logs := &logBuffer{}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	c, err := replica.New(cfg, e.JS)
+	c, err := replicator.New(cfg, e.JS)
 	if err != nil {
 		e.T.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
+	"github.com/jetsync/jetsync/internal/pgtest"
 )
 
 // TestConformance is the differential conformance suite: random ZQL over

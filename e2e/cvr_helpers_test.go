@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
+	"github.com/jetsync/jetsync/internal/pgtest"
 )
 
 // The durable-CVR tests (issue 5) watch what the real Zero client receives:

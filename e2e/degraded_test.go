@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 	"github.com/jetsync/jetsync/streams"
 )
 

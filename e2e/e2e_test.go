@@ -28,7 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite"
 
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
+	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/streams"
 )
 

@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 	"github.com/jetsync/jetsync/streams"
 )
 

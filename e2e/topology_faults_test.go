@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
+	"github.com/jetsync/jetsync/internal/pgtest"
 )
 
 // newTopologyRig is a fresh upstream loaded with setupSQL and the topology

@@ -39,7 +39,7 @@ import (
 
 	"github.com/jetsync/jetsync/bench/internal/benchenv"
 	"github.com/jetsync/jetsync/consumers/replicator"
-	"github.com/jetsync/jetsync/producers/pglocal"
+	"github.com/jetsync/jetsync/internal/pglocal"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
 )

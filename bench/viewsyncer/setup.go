@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/jetsync/jetsync/bench/internal/benchenv"
-	"github.com/jetsync/jetsync/producers/pglocal"
+	"github.com/jetsync/jetsync/internal/pglocal"
 )
 
 const (

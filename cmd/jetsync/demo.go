@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/producers/pglocal"
+	"github.com/jetsync/jetsync/internal/pglocal"
 )
 
 //go:embed demo.sql

@@ -14,8 +14,8 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/backup"
 	"github.com/jetsync/jetsync/consumers/backup/backuptest"
+	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }

@@ -33,10 +33,9 @@ var rootImportsNothing = map[string]bool{"streams": true}
 
 // serverHelpers stand up a real server for any test or test helper, from
 // any layer.
-// pgtest still lives under producers/, though it produces nothing.
 var serverHelpers = map[string]bool{
-	"nats-config/natstest":    true,
-	"producers/pgrepl/pgtest": true,
+	"nats-config/natstest": true,
+	"internal/pgtest":      true,
 }
 
 // importExceptions are known imports against the rule, each with why. The
@@ -228,7 +227,10 @@ func TestImportRule(t *testing.T) {
 		{"nats-config/natstest", "nats-config", false, true},
 		{"consumers/backup/backuptest", "nats-config/natstest", false, true},
 		{"streams", "nats-config/natstest", true, true},
-		{"consumers/appapi", "producers/pgrepl/pgtest", true, true},
+		{"consumers/appapi", "internal/pgtest", true, true},
+		{"streams", "internal/pgtest", true, true},
+		{"cmd/jetsync", "internal/pglocal", false, true},
+		{"internal/pgtest", "internal/pglocal", false, true},
 		{"producers/pgrepl", "streams/streamstest", true, true},
 
 		{"producers/backup", "projections/replica", false, false},
@@ -244,6 +246,8 @@ func TestImportRule(t *testing.T) {
 		{"consumers/replicator", "nats-config/natstest", false, false},
 		{"producers/pgrepl", "consumers/backup/backuptest", true, false},
 		{"internal/promreg", "streams", false, false},
+		{"producers/pgrepl", "internal/pgtest", false, false},
+		{"streams", "internal/pglocal", false, false},
 		{"newlayer/x", "streams", false, false},
 	} {
 		got := importProblem(c.from, c.to, c.inTest) == ""

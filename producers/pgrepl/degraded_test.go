@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
+	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/streams"
 )
 

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
-	"github.com/jetsync/jetsync/producers/pgrepl/pgtest"
 	"github.com/jetsync/jetsync/streams"
 )
 

@@ -21,7 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/producers/pglocal"
+	"github.com/jetsync/jetsync/internal/pglocal"
 )
 
 // JetsyncBin returns path when it exists, else builds ./cmd/jetsync into dir

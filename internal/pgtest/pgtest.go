@@ -31,7 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/producers/pglocal"
+	"github.com/jetsync/jetsync/internal/pglocal"
 )
 
 // Root holds every test cluster on the machine.

@@ -1,6 +1,6 @@
 // Package pglocal runs a local Postgres cluster from the installed binaries:
 // the demo upstream of `jetsync run` when no ZERO_UPSTREAM_DB is given, and
-// the test upstream of pgrepl/pgtest.
+// the test upstream of internal/pgtest.
 package pglocal
 
 import (

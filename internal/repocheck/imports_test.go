@@ -42,12 +42,7 @@ var serverHelpers = map[string]bool{
 // key is "importer -> imported", with " [test]" after the importer when
 // only its _test.go files import it. An exception no longer seen fails the
 // test, so that the list only shrinks.
-var importExceptions = map[string]string{
-	// A restore of a replica that a real Postgres filled through the
-	// change-streamer: an integration test. TODO(issue 13): move it beside
-	// the other integration tests in e2e/.
-	"consumers/restore [test] -> producers/pgrepl": "integration test driving the real change-streamer",
-}
+var importExceptions = map[string]string{}
 
 // isTestHelper reports a package that exists for tests only: its name ends
 // in "test" (natstest, pgtest, backuptest, streamstest, authtest).

@@ -1,29 +1,30 @@
-package restore_test
+package e2e
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetsync/jetsync/consumers/backup"
 	"github.com/jetsync/jetsync/consumers/backup/backuptest"
+	"github.com/jetsync/jetsync/consumers/restore"
 	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
-
 // TestRestore_R5_R8_R9_R12_R13_R16_ColdStartPostgres is acceptance 1 on the
-// real spine: Postgres → pgrepl → change stream → backup replica →
-// snapshot; the stream is purged past the initial sync; a cold view-syncer
-// restores, catches up while writes go on, and equals Postgres.
+// real spine, in one process: Postgres → pgrepl → change stream → backup
+// replica → snapshot; the stream is purged past the initial sync; a cold
+// view-syncer restores, catches up while writes go on, and equals Postgres.
+// It lives here, not in consumers/restore, because it drives a producer.
 func TestRestore_R5_R8_R9_R12_R13_R16_ColdStartPostgres(t *testing.T) {
 	cl := pgtest.Start(t)
 	url := pgtest.NewDB(t, cl)
@@ -134,7 +135,18 @@ func TestRestore_R5_R8_R9_R12_R13_R16_ColdStartPostgres(t *testing.T) {
 	}
 
 	file := filepath.Join(t.TempDir(), "view-syncer.db")
-	h := restoreNow(t, f0(e, clock).restorer(t, file, nil))
+	r, err := restore.New(restore.Config{File: file, Shard: e.Shard, TaskID: "vs", PollInterval: 20 * time.Millisecond,
+		Heartbeat: 50 * time.Millisecond, ReservationTTL: time.Second, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()}, e.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer rcancel()
+	h, err := r.Restore(rctx)
+	if err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	t.Cleanup(h.Abandon)
 	if r := h.Result(); !r.Restored || r.Snapshot.Name != s.Name {
 		t.Fatalf("Result = %+v; want %s restored", r, s.Name)
 	}
@@ -147,6 +159,3 @@ func TestRestore_R5_R8_R9_R12_R13_R16_ColdStartPostgres(t *testing.T) {
 	equal("the restored replica", file)
 	t.Logf("restored %s (%d bytes) at seq %d; stream starts at %d", s.Name, s.Size, s.StreamSeq, first)
 }
-
-// f0 wraps an Env in a fixture for its restorer helper.
-func f0(e *backuptest.Env, c *backuptest.Clock) *fixture { return &fixture{e: e, clock: c} }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -179,7 +180,7 @@ func (c *crashRig) checkSnapshotsComplete() int {
 // waitReplicaCaughtUp waits until file has applied the whole stream.
 func (c *crashRig) waitReplicaCaughtUp(file string, timeout time.Duration) {
 	c.t.Helper()
-	waitFor(c.t, timeout, "the replica to catch up", func() bool {
+	polltest.Until(c.t, timeout, "the replica to catch up", func() bool {
 		info, err := c.stream().Info(context.Background())
 		if err != nil {
 			return false
@@ -225,10 +226,10 @@ func TestBackup_R12_R14_KillPoints(t *testing.T) {
 	// the purge lock, removes the leftovers and snapshots again.
 	cs = c.startBackupStreamer()
 	cs.logRecord(t, "keeping the local replica: the stream still covers it", 60*time.Second)
-	waitFor(t, 2*time.Minute, "a verified snapshot", func() bool { _, ok := c.verified(); return ok })
+	polltest.Until(t, 2*time.Minute, "a verified snapshot", func() bool { _, ok := c.verified(); return ok })
 	if left, _ := filepath.Glob(filepath.Join(csDir, ".jetsync-snapshot-*")); len(left) > 0 {
 		// Only the snapshot in hand may exist: wait for it to go.
-		waitFor(t, 30*time.Second, "stale snapshot files removed", func() bool {
+		polltest.Until(t, 30*time.Second, "stale snapshot files removed", func() bool {
 			for _, l := range leftovers {
 				if _, err := os.Stat(l); err == nil {
 					return false
@@ -238,7 +239,7 @@ func TestBackup_R12_R14_KillPoints(t *testing.T) {
 		})
 	}
 	// Purges go past the initial sync, so that a new replica must restore.
-	waitFor(t, 2*time.Minute, "a purge past the initial sync", func() bool {
+	polltest.Until(t, 2*time.Minute, "a purge past the initial sync", func() bool {
 		u := c.upstreamRecord()
 		info, err := c.stream().Info(context.Background())
 		return u != nil && err == nil && info.State.FirstSeq > u.ResetSeq

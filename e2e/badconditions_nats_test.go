@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -105,7 +106,7 @@ func (s *natsServer) start() {
 		s.cmd.Wait()
 		close(done)
 	}()
-	waitFor(s.t, 30*time.Second, "nats-server to be ready", func() bool {
+	polltest.Until(s.t, 30*time.Second, "nats-server to be ready", func() bool {
 		return strings.Contains(s.out.String(), "Server is ready")
 	})
 }
@@ -173,7 +174,7 @@ func TestBadConditions_ExternalNATSRestart(t *testing.T) {
 	c.file = c.replicatorReplica()
 	cs := c.startStreamer()
 	rep := c.startReplicator()
-	waitFor(t, 2*time.Minute, "the initial sync", func() bool {
+	polltest.Until(t, 2*time.Minute, "the initial sync", func() bool {
 		u := c.upstreamRecord()
 		return u != nil && u.Complete
 	})
@@ -205,7 +206,7 @@ func TestBadConditions_ExternalNATSRestart(t *testing.T) {
 		both(c.randDuration(300*time.Millisecond, 1500*time.Millisecond))
 		ns.start()
 		for j, p := range roles {
-			waitFor(t, time.Minute, fmt.Sprintf("%v to reconnect after restart %d", p.cmd.Args[1:], i+1), func() bool {
+			polltest.Until(t, time.Minute, fmt.Sprintf("%v to reconnect after restart %d", p.cmd.Args[1:], i+1), func() bool {
 				if p.exited() {
 					t.Fatalf("%v exited: %v\n%s", p.cmd.Args, p.err, p.stderr.String())
 				}

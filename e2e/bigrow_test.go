@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -168,7 +169,7 @@ func TestBigRow(t *testing.T) {
 	}
 
 	p := c.startStreamer()
-	waitFor(t, 2*time.Minute, "the initial sync to complete", func() bool {
+	polltest.Until(t, 2*time.Minute, "the initial sync to complete", func() bool {
 		u := c.upstreamRecord()
 		return u != nil && u.Complete
 	})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // Issue 3, point 4: a large transaction streams through in bounded memory,
@@ -69,7 +70,7 @@ func TestBigTransaction(t *testing.T) {
 	poll := startBigPoller(db)
 
 	// The big transaction, once the small ones flow.
-	waitFor(t, 10*time.Second, "the first small transactions in the replica", func() bool { return poll.smallSeen() >= 3 })
+	polltest.Until(t, 10*time.Second, "the first small transactions in the replica", func() bool { return poll.smallSeen() >= 3 })
 	bigStart := time.Now()
 	tx, err := pg.Begin(ctx)
 	if err != nil {
@@ -86,7 +87,7 @@ func TestBigTransaction(t *testing.T) {
 	committed := time.Now()
 	t.Logf("big transaction: %d rows inserted in %s, committed in %s", bigRows, commitStart.Sub(bigStart).Round(time.Millisecond), committed.Sub(commitStart).Round(time.Millisecond))
 
-	waitFor(t, 80*time.Second, "the big transaction in the replica", func() bool {
+	polltest.Until(t, 80*time.Second, "the big transaction in the replica", func() bool {
 		if cs.exited() || rep.exited() {
 			t.Fatalf("a jetsync process exited: change-streamer %v, replicator %v", cs.err, rep.err)
 		}
@@ -94,14 +95,14 @@ func TestBigTransaction(t *testing.T) {
 	})
 	visible := poll.bigSeen()
 	// Small transactions keep coming for a while after it.
-	waitFor(t, 20*time.Second, "small transactions after the big one", func() bool {
+	polltest.Until(t, 20*time.Second, "small transactions after the big one", func() bool {
 		return w.count() > w.countAt(visible)+50
 	})
 	w.stop()
 	s.waitCaughtUp(time.Minute)
 	// The replica holds every small transaction now; let the poller take
 	// its next look before it stops, or the last ones go unseen.
-	waitFor(t, 10*time.Second, "the poller to see every small transaction", func() bool {
+	polltest.Until(t, 10*time.Second, "the poller to see every small transaction", func() bool {
 		return poll.smallSeen() >= w.count() || poll.failed()
 	})
 	poll.stop()

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // TestConformance is the differential conformance suite: random ZQL over
@@ -364,7 +365,7 @@ func (d *zeroDriver) views(t *testing.T, client string, ids ...string) map[strin
 		t.Fatalf("driver: %v", err)
 	}
 	var ev driverEvent
-	waitFor(t, 60*time.Second, "the driver's views of "+client, func() bool {
+	polltest.Until(t, 60*time.Second, "the driver's views of "+client, func() bool {
 		if d.p.exited() {
 			t.Fatalf("driver exited (%v):\n%s", d.p.err, d.p.stderr.String())
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -458,7 +459,7 @@ func TestCrash_ChangeStreamer(t *testing.T) {
 			p.logRecord(t, "initial sync started", time.Minute)
 			runFor(t, p, c.randDuration(5*time.Millisecond, 250*time.Millisecond))
 		case replicaVersion == "":
-			waitFor(t, 2*time.Minute, "the initial sync to complete", func() bool {
+			polltest.Until(t, 2*time.Minute, "the initial sync to complete", func() bool {
 				u := c.upstreamRecord()
 				return u != nil && u.Complete
 			})
@@ -589,7 +590,7 @@ func TestCrash_Replica(t *testing.T) {
 	c.file = c.replicatorReplica()
 	cw := startWriter(t, c.url, seed)
 	cs := c.startStreamer()
-	waitFor(t, 2*time.Minute, "the change-streamer's initial sync", func() bool {
+	polltest.Until(t, 2*time.Minute, "the change-streamer's initial sync", func() bool {
 		u := c.upstreamRecord()
 		return u != nil && u.Complete
 	})
@@ -604,7 +605,7 @@ func TestCrash_Replica(t *testing.T) {
 			// Into the initial sync: it takes seconds to apply.
 			p.logRecord(t, "following the change stream", time.Minute)
 		} else if st.ReplicaVersion == "" {
-			waitFor(t, 2*time.Minute, "the replica's initial sync", func() bool {
+			polltest.Until(t, 2*time.Minute, "the replica's initial sync", func() bool {
 				return replicaState(t, c.file).ReplicaVersion != ""
 			})
 		}

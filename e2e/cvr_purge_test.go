@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -57,7 +58,7 @@ func TestCVR_Purge(t *testing.T) {
 	// While the client is connected, its group is owned and never purged,
 	// however long it goes without a CVR write.
 	idle := time.Now()
-	waitFor(t, 10*time.Second, "garbage-collection passes with the client connected", func() bool {
+	polltest.Until(t, 10*time.Second, "garbage-collection passes with the client connected", func() bool {
 		return time.Since(idle) > 4*time.Second
 	})
 	if tombstoned(t, js, shard, group) {
@@ -65,7 +66,7 @@ func TestCVR_Purge(t *testing.T) {
 	}
 
 	d.do(t, map[string]any{"cmd": "close", "client": "a"})
-	waitFor(t, 30*time.Second, "garbage collection to purge the idle group", func() bool {
+	polltest.Until(t, 30*time.Second, "garbage collection to purge the idle group", func() bool {
 		return tombstoned(t, js, shard, group)
 	})
 
@@ -75,7 +76,7 @@ func TestCVR_Purge(t *testing.T) {
 	if ack.ClientGroupID != group {
 		t.Fatalf("returning client's group %s; want the purged %s", ack.ClientGroupID, group)
 	}
-	waitFor(t, 30*time.Second, "client-state-not-found", func() bool { return d.wire(t, "b", mark).notFound > 0 })
+	polltest.Until(t, 30*time.Second, "client-state-not-found", func() bool { return d.wire(t, "b", mark).notFound > 0 })
 	w := d.wire(t, "b", mark)
 	if kinds := w.errorKinds(); len(kinds) == 0 || kinds[0] != "ClientNotFound: Client has been purged due to inactivity" {
 		t.Errorf("the returning client got errors %v; want ClientNotFound: Client has been purged due to inactivity", kinds)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/projections/replica"
 )
 
@@ -122,7 +123,7 @@ func startLiveWorkload(t *testing.T, url string) *liveWorkload {
 func (lw *liveWorkload) progress(t *testing.T, n int64) {
 	t.Helper()
 	from := lw.txs.Load()
-	waitFor(t, time.Minute, "the workload to go on", func() bool { return lw.txs.Load() >= from+n })
+	polltest.Until(t, time.Minute, "the workload to go on", func() bool { return lw.txs.Load() >= from+n })
 }
 
 func TestSpine_DDL(t *testing.T) {
@@ -219,7 +220,7 @@ func TestSpine_DDLResync(t *testing.T) {
 		t.Fatal(err)
 	}
 	lw.stop()
-	waitFor(t, 2*time.Minute, "a new replica version", func() bool { return s.rep.State().ReplicaVersion != rv })
+	polltest.Until(t, 2*time.Minute, "a new replica version", func() bool { return s.rep.State().ReplicaVersion != rv })
 	s.waitCaughtUp(2 * time.Minute)
 	s.checkReplicaEqualsPostgres()
 	s.checkSchemaEqualsPostgres()

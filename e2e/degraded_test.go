@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -72,7 +73,7 @@ func TestSpine_Degraded(t *testing.T) {
 		t.Fatal(err)
 	}
 	lw.progress(t, 100)
-	waitFor(t, 2*time.Minute, "a new replica version", func() bool { return s.rep.State().ReplicaVersion != rv })
+	polltest.Until(t, 2*time.Minute, "a new replica version", func() bool { return s.rep.State().ReplicaVersion != rv })
 	if _, err := s.pg.Exec(ctx, `UPDATE pair SET extra = 'y' WHERE b = 1`); err != nil {
 		t.Fatal(err)
 	}

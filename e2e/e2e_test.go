@@ -29,6 +29,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -188,7 +189,7 @@ func (p *proc) exited() bool {
 func (p *proc) logRecord(t *testing.T, msg string, timeout time.Duration) map[string]any {
 	t.Helper()
 	var rec map[string]any
-	waitFor(t, timeout, "log "+strconv.Quote(msg), func() bool {
+	polltest.Until(t, timeout, "log "+strconv.Quote(msg), func() bool {
 		if p.exited() {
 			t.Fatalf("jetsync exited (%v) before logging %q:\n%s", p.err, msg, p.stderr.String())
 		}
@@ -204,18 +205,6 @@ func (p *proc) logRecord(t *testing.T, msg string, timeout time.Duration) map[st
 		return false
 	})
 	return rec
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func TestHelp(t *testing.T) {
@@ -264,7 +253,7 @@ func TestRun_FreshMachine(t *testing.T) {
 		// / answers OK once the replica is ready, as zero-cache's does.
 		var body string
 		var code int
-		waitFor(t, 90*time.Second, "GET / to answer 200", func() bool {
+		polltest.Until(t, 90*time.Second, "GET / to answer 200", func() bool {
 			body, code = get(t, fmt.Sprintf("http://127.0.0.1:%d/", httpPort))
 			return code == http.StatusOK
 		})
@@ -276,7 +265,7 @@ func TestRun_FreshMachine(t *testing.T) {
 	// The initial sync has landed once the demo rows are in the replica.
 	replicaFile := filepath.Join(dataDir, "replica.db")
 	db := openReplica(t, replicaFile)
-	waitFor(t, 90*time.Second, "the demo rows in the replica", func() bool {
+	polltest.Until(t, 90*time.Second, "the demo rows in the replica", func() bool {
 		var n int
 		return db.QueryRow(`SELECT count(*) FROM issue`).Scan(&n) == nil && n == 4
 	})
@@ -345,7 +334,7 @@ func TestRun_FreshMachine(t *testing.T) {
 			Watermark     string
 			New           map[string]json.RawMessage
 		}
-		waitFor(t, 30*time.Second, "the insert in jetsync tail", func() bool {
+		polltest.Until(t, 30*time.Second, "the insert in jetsync tail", func() bool {
 			for line := range strings.SplitSeq(tail.stdout.String(), "\n") {
 				if json.Unmarshal([]byte(line), &ev) == nil && ev.Op == "insert" && string(ev.New["id"]) == `"`+id+`"` {
 					return true
@@ -430,7 +419,7 @@ func TestRun_FreshMachine(t *testing.T) {
 			open            int64
 			mod, cr         float64
 		)
-		waitFor(t, 30*time.Second, "the insert in the replica", func() bool {
+		polltest.Until(t, 30*time.Second, "the insert in the replica", func() bool {
 			return db.QueryRow(`SELECT title, open, modified, owner_id, created FROM issue WHERE id = ?`, id).
 				Scan(&gotTitle, &open, &mod, &owner, &cr) == nil
 		})
@@ -675,7 +664,7 @@ func TestRoles(t *testing.T) {
 	// / answers OK once the view-syncer's replica is ready.
 	var body string
 	var code int
-	waitFor(t, 90*time.Second, "the view-syncer's GET / to answer 200", func() bool {
+	polltest.Until(t, 90*time.Second, "the view-syncer's GET / to answer 200", func() bool {
 		body, code = get(t, fmt.Sprintf("http://127.0.0.1:%d/", vsPort))
 		return code == http.StatusOK
 	})
@@ -694,7 +683,7 @@ func TestRoles(t *testing.T) {
 		filepath.Join(root, "rep", "replicator-replica.db"),
 		filepath.Join(root, "vs", "view-syncer-replica.db"),
 	} {
-		waitFor(t, 60*time.Second, "the insert in "+file, func() bool {
+		polltest.Until(t, 60*time.Second, "the insert in "+file, func() bool {
 			if _, err := os.Stat(file); err != nil {
 				return false
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -332,7 +333,7 @@ func lastReport(t *testing.T, p *proc) *exReport {
 func waitProgress(t *testing.T, p *proc, from int64, what string) int64 {
 	t.Helper()
 	var n int64
-	waitFor(t, 30*time.Second, what, func() bool {
+	polltest.Until(t, 30*time.Second, what, func() bool {
 		if p.exited() {
 			t.Fatalf("%v exited (%v):\nstdout:\n%s\nstderr:\n%s", p.cmd.Args, p.err, tailLines(p.stdout.String(), 5), p.stderr.String())
 		}
@@ -375,7 +376,7 @@ func runExampleConsumer(t *testing.T, startConsumer exConsumer) {
 	c = startConsumer(t, r.natsURL, state)
 	n = waitProgress(t, c, n+20, "the restarted consumer to go on")
 	// The writer commits every few milliseconds: the rolling rate shows it.
-	waitFor(t, 10*time.Second, "a rolling rate above zero", func() bool {
+	polltest.Until(t, 10*time.Second, "a rolling rate above zero", func() bool {
 		rep := lastReport(t, c)
 		return rep != nil && rep.RatePerSec > 0
 	})
@@ -420,7 +421,7 @@ func (r *exRig) checkExact(w *exWriter, runs ...exRun) {
 	for _, run := range runs {
 		c := run.p
 		var got *exReport
-		waitFor(t, 60*time.Second, run.name+"'s counts to reach the writer's", func() bool {
+		polltest.Until(t, 60*time.Second, run.name+"'s counts to reach the writer's", func() bool {
 			if c.exited() {
 				t.Fatalf("%s exited (%v):\n%s", run.name, c.err, c.stderr.String())
 			}

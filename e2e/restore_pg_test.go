@@ -17,6 +17,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/consumers/restore"
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 )
 
@@ -96,7 +97,7 @@ func TestRestore_R5_R8_R9_R12_R13_R16_ColdStartPostgres(t *testing.T) {
 	equal := func(what, file string) {
 		t.Helper()
 		want := pgRows()
-		backuptest.WaitFor(t, what+" equal to Postgres", 60*time.Second, func() bool { return slices.Equal(want, replicaRows(file)) })
+		polltest.Until(t, 60*time.Second, what+" equal to Postgres", func() bool { return slices.Equal(want, replicaRows(file)) })
 	}
 	write := func(round int) {
 		t.Helper()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
@@ -149,7 +150,7 @@ func (s *spine) waitCaughtUp(timeout time.Duration) {
 	if _, err := s.pg.Exec(context.Background(), `INSERT INTO txlog VALUES (-1 * (extract(epoch from clock_timestamp()) * 1e6)::int8, -1, 0)`); err != nil {
 		s.t.Fatal(err)
 	}
-	waitFor(s.t, timeout, "the replica to catch up", s.hasMarkerRows)
+	polltest.Until(s.t, timeout, "the replica to catch up", s.hasMarkerRows)
 }
 
 func (s *spine) hasMarkerRows() bool {
@@ -881,7 +882,7 @@ func TestSpine_Gap(t *testing.T) {
 	}
 	// Wait until the producer has published all of it, then drop all
 	// but the newest message.
-	waitFor(t, time.Minute, "the workload to reach the stream", func() bool {
+	polltest.Until(t, time.Minute, "the workload to reach the stream", func() bool {
 		info, err := stream.Info(ctx)
 		return err == nil && info.State.LastSeq > before.StreamSeq+50
 	})

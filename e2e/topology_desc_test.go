@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -274,7 +275,7 @@ func (tp *topology) startNATS(s topoService) {
 	}
 	p := startProc(tp.t, s.name, cmd)
 	tp.procs[s.name] = p
-	waitFor(tp.t, 30*time.Second, s.name+" ready", func() bool {
+	polltest.Until(tp.t, 30*time.Second, s.name+" ready", func() bool {
 		if p.exited() {
 			tp.t.Fatalf("%s exited: %v\n%s", s.name, p.err, p.stderr.String())
 		}
@@ -305,7 +306,7 @@ func (tp *topology) waitJetStream() {
 			tp.t.Fatal(err)
 		}
 	}
-	waitFor(tp.t, 30*time.Second, "a jetstream meta leader", func() bool {
+	polltest.Until(tp.t, 30*time.Second, "a jetstream meta leader", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := tp.js.AccountInfo(ctx)

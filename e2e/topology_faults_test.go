@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // newTopologyRig is a fresh upstream loaded with setupSQL and the topology
@@ -153,7 +154,7 @@ func checkIssuesEqual(t *testing.T, pg *pgx.Conn, file string) {
 	db := openReplica(t, file)
 	defer db.Close()
 	got := map[string]string{}
-	waitFor(t, time.Minute, "the replica "+file+" to equal Postgres", func() bool {
+	polltest.Until(t, time.Minute, "the replica "+file+" to equal Postgres", func() bool {
 		clear(got)
 		r, err := db.Query(`SELECT id, title, open FROM issue ORDER BY id`)
 		if err != nil {
@@ -331,7 +332,7 @@ func TestTopology_Failover(t *testing.T) {
 		app.exec(t, `UPDATE issue SET title = 'while the owner was dead' WHERE id = $1`, ids[1])
 		d.waitRowsEqual(t, "a", "open10", app.want(t))
 		checkCatchup(t, d.wire(t, "a", mark), base, []string{"put:issue:" + ids[1]})
-		waitFor(t, 30*time.Second, "the survivor to own the group", func() bool {
+		polltest.Until(t, 30*time.Second, "the survivor to own the group", func() bool {
 			o := leases.owner(t, group).ID
 			return o != owner && o != ""
 		})
@@ -378,7 +379,7 @@ func startProducerRig(t *testing.T, stream uint64) (seed uint64, tp *topology, u
 		root:  tp.r.root,
 		r:     rand.New(rand.NewPCG(seed, stream)),
 	}
-	waitFor(t, 2*time.Minute, "the initial sync", func() bool {
+	polltest.Until(t, 2*time.Minute, "the initial sync", func() bool {
 		u := c.upstreamRecord()
 		return u != nil && u.Complete
 	})

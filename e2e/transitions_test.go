@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -281,7 +282,7 @@ func TestTransitions(t *testing.T) {
 			all = append(all, r.openClient(t, vsB.url, "owner-"+kind+"-during", "owner-"+kind, synced))
 		}
 		for kind, g := range groups {
-			waitFor(t, 60*time.Second, kind+" group's takeover by vs-b", func() bool { return c.cvr.owner(t, g).ID == "vs-b" })
+			polltest.Until(t, 60*time.Second, kind+" group's takeover by vs-b", func() bool { return c.cvr.owner(t, g).ID == "vs-b" })
 		}
 		for _, synced := range []bool{false, true} {
 			kind := map[bool]string{false: "legacy", true: "synced"}[synced]
@@ -311,7 +312,7 @@ func TestTransitions(t *testing.T) {
 		r.renameLabel(t, "while nats was down")
 		time.Sleep(time.Second)
 		c.ns.start()
-		waitFor(t, time.Minute, "vs-b to reconnect to nats", func() bool { return countLogs(vsB.p, "nats reconnected") > reconnects })
+		polltest.Until(t, time.Minute, "vs-b to reconnect to nats", func() bool { return countLogs(vsB.p, "nats reconnected") > reconnects })
 		after := r.openClients(t, vsB.url, "nats-after")
 		r.renameLabel(t, "after nats came back")
 		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
@@ -337,7 +338,7 @@ func TestTransitions(t *testing.T) {
 	var vsC *viewSyncer
 	outer := t // vs-c outlives the subtest that starts it
 	t.Run("Restore", func(t *testing.T) {
-		waitFor(t, 2*time.Minute, "a restorable snapshot", func() bool { return countLogs(c.cs, "a restorable snapshot exists") > 0 })
+		polltest.Until(t, 2*time.Minute, "a restorable snapshot", func() bool { return countLogs(c.cs, "a restorable snapshot exists") > 0 })
 		mark := r.d.mark()
 		vsC = c.newViewSyncer(t, "vs-c")
 		before := r.openClients(t, vsC.url, "restore-before")
@@ -415,7 +416,7 @@ func TestTransitions(t *testing.T) {
 		}
 		release()
 		released := time.Now()
-		waitFor(t, 2*time.Minute, "vs-b's replica to be rebuilt", func() bool { return countLogs(vsB.p, "initial sync applied") > syncs })
+		polltest.Until(t, 2*time.Minute, "vs-b's replica to be rebuilt", func() bool { return countLogs(vsB.p, "initial sync applied") > syncs })
 		t.Logf("vs-b's replica rebuilt %v after the copy could run", time.Since(released).Round(time.Millisecond))
 		after := r.openClients(t, vsB.url, "resync-after")
 		r.renameLabel(t, "after the resync")

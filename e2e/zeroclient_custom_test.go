@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // apiServer is client/api-server.mjs: the app's query and mutate endpoints,
@@ -190,7 +192,7 @@ func TestZeroClient_Custom(t *testing.T) {
 			t.Errorf("server result %s; want the app error", res.Rows)
 		}
 		// Acknowledged, then cleaned up upstream.
-		waitFor(t, 30*time.Second, "the mutation result to be deleted upstream", func() bool {
+		polltest.Until(t, 30*time.Second, "the mutation result to be deleted upstream", func() bool {
 			var n int
 			_ = pg.QueryRow(ctx, `SELECT count(*) FROM `+zeroAppID+`_0.mutations`).Scan(&n)
 			return n == 0
@@ -200,7 +202,7 @@ func TestZeroClient_Custom(t *testing.T) {
 	t.Run("UpdateAuth", func(t *testing.T) {
 		fresh := signToken(t, zeroSecret, "u000001", 2*time.Hour)
 		d.do(t, map[string]any{"cmd": "connect", "client": "a", "auth": fresh})
-		waitFor(t, 30*time.Second, "a transform with the refreshed token", func() bool {
+		polltest.Until(t, 30*time.Second, "a transform with the refreshed token", func() bool {
 			for _, r := range api.requests(t) {
 				if r.Path == "/query" && r.Headers["authorization"] == "Bearer "+fresh && strings.Contains(string(r.Body), "issuesByIDs") {
 					return true
@@ -215,7 +217,7 @@ func TestZeroClient_Custom(t *testing.T) {
 		mark := d.mark()
 		api.control(t, "fail", map[string]any{"path": "/query", "status": 500, "count": 8})
 		// Two maintenance rounds' worth of attempts.
-		waitFor(t, 60*time.Second, "the 500s to be served", func() bool {
+		polltest.Until(t, 60*time.Second, "the 500s to be served", func() bool {
 			n := 0
 			for _, r := range api.requests(t) {
 				if r.Path == "/query" {
@@ -240,7 +242,7 @@ func TestZeroClient_Custom(t *testing.T) {
 		mark := d.mark()
 		api.control(t, "fail", map[string]any{"path": "/query", "status": 401, "count": 1})
 		var failed driverEvent
-		waitFor(t, 30*time.Second, "a client to need auth", func() bool {
+		polltest.Until(t, 30*time.Second, "a client to need auth", func() bool {
 			for _, ev := range d.since(mark) {
 				if ev.Event == "connection" && ev.State == "needs-auth" {
 					failed = ev
@@ -265,7 +267,7 @@ func TestZeroClient_Custom(t *testing.T) {
 func waitMutation(t *testing.T, d *zeroDriver, client, id string) driverEvent {
 	t.Helper()
 	var ev driverEvent
-	waitFor(t, 30*time.Second, "mutation "+id+"'s server result", func() bool {
+	polltest.Until(t, 30*time.Second, "mutation "+id+"'s server result", func() bool {
 		var ok bool
 		ev, ok = d.find(func(ev driverEvent) bool { return ev.Event == "mutation" && ev.Client == client && ev.ID == id })
 		return ok

@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 )
 
@@ -252,7 +253,7 @@ func runZeroClientSuite(t *testing.T, startServer serverUnderTest) {
 		}
 		removed := time.Now()
 		d.do(t, map[string]any{"cmd": "unquery", "client": "a", "id": "labels"})
-		waitFor(t, 60*time.Second, "the label rows to leave the client after the TTL", func() bool {
+		polltest.Until(t, 60*time.Second, "the label rows to leave the client after the TTL", func() bool {
 			ack := d.do(t, map[string]any{"cmd": "local", "client": "a", "table": "label"})
 			return string(ack.Rows) == "[]"
 		})
@@ -438,7 +439,7 @@ func runEnv(t *testing.T, upstream string, port int, extra ...string) []string {
 // waitHealthy polls the health check at / until it answers 200.
 func waitHealthy(t *testing.T, p *proc, url string, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, "GET "+url+"/", func() bool {
+	polltest.Until(t, timeout, "GET "+url+"/", func() bool {
 		if p.exited() {
 			t.Fatalf("%v exited (%v) before it was healthy:\n%s", p.cmd.Args, p.err, p.stderr.String())
 		}
@@ -637,7 +638,7 @@ func (d *zeroDriver) do(t *testing.T, cmd map[string]any) driverEvent {
 		t.Fatalf("driver: %v", err)
 	}
 	var ev driverEvent
-	waitFor(t, 30*time.Second, fmt.Sprintf("the driver's answer to %s", line), func() bool {
+	polltest.Until(t, 30*time.Second, fmt.Sprintf("the driver's answer to %s", line), func() bool {
 		if d.p.exited() {
 			t.Fatalf("driver exited (%v):\n%s", d.p.err, d.p.stderr.String())
 		}
@@ -677,7 +678,7 @@ func (d *zeroDriver) since(mark int) []driverEvent {
 func (d *zeroDriver) waitState(t *testing.T, client, state string, timeout time.Duration) driverEvent {
 	t.Helper()
 	var ev driverEvent
-	waitFor(t, timeout, fmt.Sprintf("client %s %s", client, state), func() bool {
+	polltest.Until(t, timeout, fmt.Sprintf("client %s %s", client, state), func() bool {
 		var ok bool
 		ev, ok = d.find(func(ev driverEvent) bool {
 			return ev.Event == "connection" && ev.Client == client && ev.State == state
@@ -691,23 +692,16 @@ func (d *zeroDriver) waitState(t *testing.T, client, state string, timeout time.
 // compared as JSON values, and reports the difference on timeout.
 func (d *zeroDriver) waitRowsEqual(t *testing.T, client, id string, want func() json.RawMessage) {
 	t.Helper()
-	var diff string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	polltest.UntilNil(t, 30*time.Second, fmt.Sprintf("query %s of client %s to equal Postgres", id, client), func() error {
 		ev, ok := d.find(func(ev driverEvent) bool { return ev.Event == "rows" && ev.Client == client && ev.ID == id })
-		if ok && ev.Complete {
-			if diff = cmp.Diff(decodeJSON(t, want()), decodeJSON(t, ev.Rows)); diff == "" {
-				return
-			}
+		if !ok || !ev.Complete {
+			return fmt.Errorf("no complete view (last: %+v)", ev)
 		}
-		if time.Now().After(deadline) {
-			if !ok || !ev.Complete {
-				t.Fatalf("query %s of client %s: no complete view after 30s (last: %+v)", id, client, ev)
-			}
-			t.Fatalf("query %s of client %s: view differs from Postgres (-postgres +client):\n%s", id, client, diff)
+		if diff := cmp.Diff(decodeJSON(t, want()), decodeJSON(t, ev.Rows)); diff != "" {
+			return fmt.Errorf("view differs from Postgres (-postgres +client):\n%s", diff)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // objectKeys returns the keys of each object of a JSON array, in order.

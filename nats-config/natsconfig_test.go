@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	natsconfig "github.com/jetsync/jetsync/nats-config"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 )
@@ -95,13 +96,9 @@ func TestNatstestRestart(t *testing.T) {
 	}
 	before := nc.Stats().Reconnects
 	ns2 := natstest.Restart(t, ns)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for deadline := time.Now().Add(10 * time.Second); nc.Stats().Reconnects == before || !nc.IsConnected(); <-tick.C {
-		if time.Now().After(deadline) {
-			t.Fatal("no reconnect after restart")
-		}
-	}
+	polltest.Until(t, 10*time.Second, "a reconnect after the restart", func() bool {
+		return nc.Stats().Reconnects != before && nc.IsConnected()
+	})
 	if ns2.ClientURL() != ns.ClientURL() {
 		t.Errorf("restarted at %s; want %s", ns2.ClientURL(), ns.ClientURL())
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 )
 
@@ -62,19 +63,14 @@ func allStreams(s Shard) []string {
 // of them current.
 func waitReplicas(t *testing.T, js jetstream.JetStream, shard Shard, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for _, name := range allStreams(shard) {
-		for {
-			got, why := replicasOf(js, name)
-			if got == n && why == "" {
-				break
+	polltest.UntilNil(t, 30*time.Second, fmt.Sprintf("%d current replicas of every stream", n), func() error {
+		for _, name := range allStreams(shard) {
+			if got, why := replicasOf(js, name); got != n || why != "" {
+				return fmt.Errorf("stream %s: %d replicas (%s); want %d, all current", name, got, why, n)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("stream %s: %d replicas (%s); want %d, all current", name, got, why, n)
-			}
-			time.Sleep(50 * time.Millisecond) // polling with a deadline
 		}
-	}
+		return nil
+	})
 }
 
 func replicasOf(js jetstream.JetStream, name string) (int, string) {

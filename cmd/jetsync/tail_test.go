@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -65,17 +66,6 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func startStream(t *testing.T) (string, jetstream.JetStream) {
 	t.Helper()
 	ns := natstest.Start(t)
@@ -124,13 +114,13 @@ func TestTail(t *testing.T) {
 			go func() {
 				done <- mainExit(ctx, append([]string{"tail", "--nats-url", url}, tc.args...), &stdout, &stderr)
 			}()
-			waitFor(t, "tail to subscribe", func() bool { return strings.Contains(stderr.String(), "tailing") })
+			polltest.Until(t, 10*time.Second, "tail to subscribe", func() bool { return strings.Contains(stderr.String(), "tailing") })
 			publish(t, js, rowMsg("comment", base+1, streams.OpInsert, `{"id":"c1"}`))
 			publish(t, js, rowMsg("issue", base+2, streams.OpUpdate, `{"id":"i1","title":"héllo"}`))
 			// A transaction spanning subjects ends on the tx subject, which a
 			// one-table tail follows too.
 			publish(t, js, &streams.Message{Parts: []streams.Part{{Watermark: streams.Lexi(base + 3), Num: 1, Last: true, Changes: []streams.Change{}}}})
-			waitFor(t, "the issue change and the commit", func() bool {
+			polltest.Until(t, 10*time.Second, "the issue change and the commit", func() bool {
 				out := stdout.String()
 				return strings.Contains(out, "i1") && strings.Contains(out, "commit")
 			})

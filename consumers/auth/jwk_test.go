@@ -17,6 +17,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/auth/authtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 func TestJWKSCache_ConcurrentUnknownKids(t *testing.T) {
@@ -41,7 +42,7 @@ func TestJWKSCache_ConcurrentUnknownKids(t *testing.T) {
 	}
 	// Every caller is waiting on the one fetch in flight once the server
 	// has it.
-	waitFor(t, "the refetch to reach the JWKS server", func() bool { return js.Hits.Load() == 2 })
+	polltest.Until(t, 10*time.Second, "the refetch to reach the JWKS server", func() bool { return js.Hits.Load() == 2 })
 	close(gate)
 	wg.Wait()
 	close(errs)
@@ -164,18 +165,4 @@ func FuzzParseConfigJWK(f *testing.F) {
 		}
 		t.Fatalf("parseConfigJWK(%q) passed but verifies no algorithm", s)
 	})
-}
-
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/backup"
 	"github.com/jetsync/jetsync/consumers/backup/backuptest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -82,7 +83,7 @@ func TestProducer_R1_R3_SnapshotAtTransactionBoundary(t *testing.T) {
 	}()
 	// Let writes be under way while the snapshot is taken.
 	start := f.cs.C.State().StreamSeq
-	backuptest.WaitFor(t, "writes under way", 10*time.Second, func() bool { return f.cs.C.State().StreamSeq >= start+20 })
+	polltest.Until(t, 10*time.Second, "writes under way", func() bool { return f.cs.C.State().StreamSeq >= start+20 })
 	s, err := p.Snapshot(ctx, false)
 	close(stop)
 	<-done
@@ -151,7 +152,7 @@ func TestProducer_BackupNow(t *testing.T) {
 	f.e.Tx(1)
 	f.sync(t)
 	var msg *nats.Msg
-	backuptest.WaitFor(t, "a backup now reply", 10*time.Second, func() bool {
+	polltest.Until(t, 10*time.Second, "a backup now reply", func() bool {
 		var err error
 		msg, err = f.e.NC.Request(f.e.Shard.BackupNowSubject(), nil, 10*time.Second)
 		if err != nil && !errors.Is(err, nats.ErrNoResponders) {
@@ -203,7 +204,7 @@ func (f *fixture) advance(t *testing.T, d time.Duration) {
 	t.Helper()
 	f.clock.Advance(d)
 	n := counter(t, f.reg, "jetsync_backup_monitor_checks", "")
-	backuptest.WaitFor(t, "two monitor checks", 10*time.Second, func() bool {
+	polltest.Until(t, 10*time.Second, "two monitor checks", func() bool {
 		return counter(t, f.reg, "jetsync_backup_monitor_checks", "") >= n+2
 	})
 }
@@ -309,7 +310,7 @@ func TestProducer_R22_InitialBackupGraceExits(t *testing.T) {
 		f.sync(t)
 		p := f.producer(t, backup.Config{CheckInterval: 5 * time.Millisecond, Interval: 100 * time.Hour})
 		errc := run(t, p)
-		backuptest.WaitFor(t, "a verified snapshot", 10*time.Second, func() bool {
+		polltest.Until(t, 10*time.Second, "a verified snapshot", func() bool {
 			_, ok, _ := streams.ReadSnapshot(context.Background(), f.e.Backup.State, streams.KeyBackupVerified)
 			return ok
 		})

@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/backup"
-	"github.com/jetsync/jetsync/consumers/backup/backuptest"
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // TestProducer_R12_RemovesOrphanChunks: the chunks a killed upload left, which
@@ -40,7 +40,7 @@ func TestProducer_R12_RemovesOrphanChunks(t *testing.T) {
 		return last
 	}
 	old := publish("killedupload0000000000000", 3)
-	backuptest.WaitFor(t, "the killed upload's chunks to age past the grace", 10*time.Second, func() bool {
+	polltest.Until(t, 10*time.Second, "the killed upload's chunks to age past the grace", func() bool {
 		return time.Since(old) > 2*grace
 	})
 	publish("uploadunderway00000000000", 2)
@@ -63,7 +63,7 @@ func TestProducer_R12_RemovesOrphanChunks(t *testing.T) {
 		t.Fatalf("chunk subjects before the start: %v", got)
 	}
 	errc := run(t, p)
-	backuptest.WaitFor(t, "the killed upload's chunks purged", 20*time.Second, func() bool {
+	polltest.Until(t, 20*time.Second, "the killed upload's chunks purged", func() bool {
 		_, ok := subjects()[prefix+"killedupload0000000000000"]
 		return !ok
 	})

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/backup"
-	"github.com/jetsync/jetsync/consumers/backup/backuptest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -30,7 +30,7 @@ func TestProducer_R14_NATSRestartDuringSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backuptest.WaitFor(t, "an upload under way", 20*time.Second, func() bool {
+	polltest.Until(t, 20*time.Second, "an upload under way", func() bool {
 		info, err := st.Info(ctx)
 		return err == nil && info.State.Msgs > 0
 	})
@@ -41,7 +41,7 @@ func TestProducer_R14_NATSRestartDuringSnapshot(t *testing.T) {
 	f.e.Tx(3)
 	f.sync(t)
 	want := f.e.WM
-	backuptest.WaitFor(t, "a verified snapshot of the newest transaction", 60*time.Second, func() bool {
+	polltest.Until(t, 60*time.Second, "a verified snapshot of the newest transaction", func() bool {
 		f.clock.Advance(time.Millisecond) // the snapshot interval
 		v, ok, _ := streams.ReadSnapshot(ctx, f.e.Backup.State, streams.KeyBackupVerified)
 		return ok && v.Watermark == want

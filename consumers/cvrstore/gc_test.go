@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -45,7 +46,7 @@ func writeGroups(t *testing.T, s *Store, groups ...string) {
 func waitInactive(t *testing.T) {
 	t.Helper()
 	since := time.Now()
-	waitFor(t, time.Second, func() error {
+	polltest.UntilNil(t, time.Second, "writes older than gcQuiet", func() error {
 		if time.Since(since) <= gcQuiet {
 			return errors.New("not yet inactive")
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/projections/cvr"
 	"github.com/jetsync/jetsync/streams"
@@ -293,22 +294,6 @@ func TestStore_RacingWriters(t *testing.T) {
 	}
 }
 
-// waitFor polls f until it returns nil or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", d, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestStore_Leases(t *testing.T) {
 	ns := natstest.Start(t)
 	ttl := func(c *Config) { c.LeaseTTL = 300 * time.Millisecond }
@@ -443,7 +428,7 @@ func TestStore_Leases(t *testing.T) {
 		}
 		// a stops renewing: b takes over once the lease expires.
 		var lb *Lease
-		waitFor(t, 5*time.Second, func() error {
+		polltest.UntilNil(t, 5*time.Second, "b to acquire the expired lease", func() error {
 			var err error
 			lb, err = b.Acquire(ctx, group)
 			return err

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // smallDisk puts dir on a disk that fills up: a tmpfs of size bytes when
@@ -71,20 +72,6 @@ func smallDisk(t *testing.T, dir string, size int) (mode string, grow func()) {
 	}
 }
 
-// waitLong is waitFor with a deadline that outlasts a few backoffs.
-func waitLong(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		<-tick.C
-	}
-}
-
 // TestConsumer_DiskFull fills the disk under the replica while transactions
 // keep coming. The consumer must neither ack nor lose the batch that failed,
 // nor stop, nor retry in a tight loop; once there is room it catches up.
@@ -107,7 +94,7 @@ func TestConsumer_DiskFull(t *testing.T) {
 	for i := range n {
 		e.tx(ins(issue(fmt.Sprintf("big%02d", i), title, i)))
 	}
-	waitLong(t, 30*time.Second, "the disk to fill", func() bool { return r.c.Health() != nil })
+	polltest.Until(t, 30*time.Second, "the disk to fill", func() bool { return r.c.Health() != nil })
 	full := time.Now()
 	if !strings.Contains(r.logs.String(), "replica disk full") {
 		t.Errorf("no disk-full log line:\n%s", r.logs)
@@ -116,12 +103,12 @@ func TestConsumer_DiskFull(t *testing.T) {
 	for i := range 5 {
 		e.tx(ins(issue(fmt.Sprintf("late%d", i), "late", i)))
 	}
-	waitLong(t, 30*time.Second, "a retry", func() bool { return strings.Contains(r.logs.String(), "replica disk still full") })
+	polltest.Until(t, 30*time.Second, "a retry", func() bool { return strings.Contains(r.logs.String(), "replica disk still full") })
 	if r.c.State().Watermark == e.WM {
 		t.Fatal("the replica caught up on a full disk")
 	}
 	grow()
-	waitLong(t, 60*time.Second, "the replica to catch up", func() bool { return r.c.State().Watermark == e.WM })
+	polltest.Until(t, 60*time.Second, "the replica to catch up", func() bool { return r.c.State().Watermark == e.WM })
 	elapsed := time.Since(full)
 	select {
 	case <-r.done:

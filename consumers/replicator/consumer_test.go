@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -53,7 +54,7 @@ func TestConsumer_Run(t *testing.T) {
 			t.Errorf("State().StreamSeq = %d; want %d", st.StreamSeq, last)
 		}
 		// The watermark's copy in the state bucket.
-		waitFor(t, "watermark in KV", func() bool {
+		polltest.Until(t, 10*time.Second, "watermark in KV", func() bool {
 			kve, err := e.KV.Get(context.Background(), streams.KeyWatermark("task1", "replica"))
 			return err == nil && string(kve.Value()) == e.WM
 		})
@@ -62,7 +63,7 @@ func TestConsumer_Run(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "ack floor", func() bool {
+		polltest.Until(t, 10*time.Second, "ack floor", func() bool {
 			info, err := cons.Info(context.Background())
 			return err == nil && info.AckFloor.Stream == last
 		})
@@ -118,7 +119,7 @@ func TestConsumer_Run(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the parts delivered and a write transaction open", func() bool {
+		polltest.Until(t, 10*time.Second, "the parts delivered and a write transaction open", func() bool {
 			info, err := cons.Info(context.Background())
 			return err == nil && info.Delivered.Stream >= seq && writeLocked(t, r.file)
 		})
@@ -143,7 +144,7 @@ func TestConsumer_Run(t *testing.T) {
 		r := e.start(e.config(tempFile(t)))
 		r.waitWM(t, e.WM)
 		e.Publish(&streams.Message{Schema: "public", Table: "issue", Parts: []streams.Part{{Watermark: e.NextWM(), Prev: e.WM, Num: 0, Changes: []streams.Change{ins(issue("lost", "L", 1))}}}})
-		waitFor(t, "the part applied in an open transaction", func() bool { return writeLocked(t, r.file) })
+		polltest.Until(t, 10*time.Second, "the part applied in an open transaction", func() bool { return writeLocked(t, r.file) })
 		e.initialSync(1)
 		e.tx(ins(issue("z", "Z", 26)))
 		r.waitWM(t, e.WM)

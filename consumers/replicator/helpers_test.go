@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 	"github.com/jetsync/jetsync/streams/streamstest"
@@ -44,7 +45,7 @@ func (e *env) restart() {
 	e.T.Helper()
 	before := e.nc.Stats().Reconnects
 	e.ns = natstest.Restart(e.T, e.ns)
-	waitFor(e.T, "reconnect", func() bool { return e.nc.Stats().Reconnects > before && e.nc.IsConnected() })
+	polltest.Until(e.T, 10*time.Second, "reconnect", func() bool { return e.nc.Stats().Reconnects > before && e.nc.IsConnected() })
 }
 
 var issueSpec = streams.TableSpec{
@@ -175,23 +176,9 @@ func (e *env) start(cfg replicator.Config) *running {
 	return &running{c: c, file: cfg.File, logs: logs, done: done, stop: stop}
 }
 
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
-}
-
 func (r *running) waitWM(t *testing.T, wm string) {
 	t.Helper()
-	waitFor(t, "watermark "+wm, func() bool { return r.c.State().Watermark == wm })
+	polltest.Until(t, 10*time.Second, "watermark "+wm, func() bool { return r.c.State().Watermark == wm })
 }
 
 func tempFile(t *testing.T) string { return filepath.Join(t.TempDir(), "replica.db") }

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/jetsync/jetsync/consumers/backup/backuptest"
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // TestRestore_R14_NATSRestarts restarts the NATS server while a restore
@@ -35,14 +34,14 @@ func TestRestore_R14_NATSRestarts(t *testing.T) {
 			hc, errc := restoreAsync(t, f.restorer(t, file, nil))
 			midDownload := false
 			if phase == "waiting" {
-				backuptest.WaitFor(t, "the reservation", 10*time.Second, func() bool { _, ok := reservation(t, f); return ok })
+				polltest.Until(t, 10*time.Second, "the reservation", func() bool { _, ok := reservation(t, f); return ok })
 				f.e.Restart()
 				notYet(t, hc, errc)
 				r0, _ := reservation(t, f)
-				backuptest.WaitFor(t, "a heartbeat after the restart", 10*time.Second, func() bool { r, ok := reservation(t, f); return ok && r.Beat > r0.Beat })
+				polltest.Until(t, 10*time.Second, "a heartbeat after the restart", func() bool { r, ok := reservation(t, f); return ok && r.Beat > r0.Beat })
 				f.snapshot(t)
 			} else {
-				backuptest.WaitFor(t, "the download", 20*time.Second, func() bool {
+				polltest.Until(t, 20*time.Second, "the download", func() bool {
 					fi, err := os.Stat(file + ".restore")
 					return err == nil && fi.Size() > 0
 				})
@@ -71,8 +70,8 @@ func TestRestore_R14_NATSRestarts(t *testing.T) {
 			}
 			_, last := f.e.StreamState()
 			t0 := time.Now()
-			backuptest.WaitFor(t, "the backup replica to catch up", 60*time.Second, func() bool { return f.cs.C.State().StreamSeq >= last })
-			backuptest.WaitFor(t, "the restored replica to catch up", 60*time.Second, func() bool { return vs.C.State().StreamSeq >= last })
+			polltest.Until(t, 60*time.Second, "the backup replica to catch up", func() bool { return f.cs.C.State().StreamSeq >= last })
+			polltest.Until(t, 60*time.Second, "the restored replica to catch up", func() bool { return vs.C.State().StreamSeq >= last })
 			t.Logf("caught up %s after the restart", time.Since(t0).Round(time.Millisecond))
 			f.sync(t)
 			if diff := cmp.Diff(rows(t, f.cs.File), rows(t, file)); diff != "" {

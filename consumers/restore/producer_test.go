@@ -13,8 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/consumers/restore"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -95,7 +95,7 @@ func TestRestore_R15_R17_ProducerRestoresUnderPurgeLock(t *testing.T) {
 	// The monitor judges liveness by its own clock: let a heartbeat land
 	// after the jump, as one would in real time.
 	l0, _ := f.purgeLock(t)
-	backuptest.WaitFor(t, "a heartbeat", 10*time.Second, func() bool { l, _ := f.purgeLock(t); return l.Beat > l0.Beat })
+	polltest.Until(t, 10*time.Second, "a heartbeat", func() bool { l, _ := f.purgeLock(t); return l.Beat > l0.Beat })
 	if err := f.p.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestRestore_R15_NoSnapshotFailsClearly(t *testing.T) {
 		t.Error("the purge lock is still held after the restore failed")
 	}
 	hc, errc := restoreAsync(t, f.restorer(t, filepath.Join(t.TempDir(), "vs.db"), nil))
-	backuptest.WaitFor(t, "the view-syncer's reservation", 10*time.Second, func() bool { _, ok := reservation(t, f); return ok })
+	polltest.Until(t, 10*time.Second, "the view-syncer's reservation", func() bool { _, ok := reservation(t, f); return ok })
 	notYet(t, hc, errc)
 }
 
@@ -174,7 +174,7 @@ func TestRestore_R17_WaitsForAnotherHoldersLock(t *testing.T) {
 	lock("other")
 	lg := &logs{}
 	hc, errc := restoreAsync(t, f.producerRestorer(t, filepath.Join(t.TempDir(), "a.db"), "cs-new", lg))
-	backuptest.WaitFor(t, "the waiting log", 10*time.Second, func() bool {
+	polltest.Until(t, 10*time.Second, "the waiting log", func() bool {
 		return strings.Contains(lg.String(), "waiting for another holder's purge lock")
 	})
 	notYet(t, hc, errc)

@@ -23,6 +23,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/backup"
 	"github.com/jetsync/jetsync/consumers/backup/backuptest"
 	"github.com/jetsync/jetsync/consumers/restore"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -308,7 +309,7 @@ func TestRestore_R13_R14_RejectsCorruptSnapshot(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "vs.db")
 			lg := &logs{}
 			hc, errc := restoreAsync(t, f.restorer(t, file, lg))
-			backuptest.WaitFor(t, "the rejection", 10*time.Second, func() bool { return strings.Contains(lg.String(), "snapshot rejected") })
+			polltest.Until(t, 10*time.Second, "the rejection", func() bool { return strings.Contains(lg.String(), "snapshot rejected") })
 			notYet(t, hc, errc)
 			if out := lg.String(); !strings.Contains(out, "corrupt") || !strings.Contains(out, tc.want) {
 				t.Errorf("rejection log lacks %q:\n%s", tc.want, out)
@@ -351,7 +352,7 @@ func TestRestore_R16_RejectsWrongReplicaVersion(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "vs.db")
 	lg := &logs{}
 	hc, errc := restoreAsync(t, f.restorer(t, file, lg))
-	backuptest.WaitFor(t, "the rejection", 10*time.Second, func() bool { return strings.Contains(lg.String(), "rejected: WrongReplicaVersion") })
+	polltest.Until(t, 10*time.Second, "the rejection", func() bool { return strings.Contains(lg.String(), "rejected: WrongReplicaVersion") })
 	notYet(t, hc, errc)
 	if !strings.Contains(lg.String(), old.Name) {
 		t.Errorf("the rejection does not name the snapshot:\n%s", lg)
@@ -382,7 +383,7 @@ func TestRestore_R16_RejectsWatermarkTooOld(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "vs.db")
 	lg := &logs{}
 	hc, errc := restoreAsync(t, f.restorer(t, file, lg))
-	backuptest.WaitFor(t, "the rejection", 10*time.Second, func() bool { return strings.Contains(lg.String(), "rejected: WatermarkTooOld") })
+	polltest.Until(t, 10*time.Second, "the rejection", func() bool { return strings.Contains(lg.String(), "rejected: WatermarkTooOld") })
 	notYet(t, hc, errc)
 	if _, err := os.Stat(file); !os.IsNotExist(err) {
 		t.Errorf("a replica file exists: %v", err)
@@ -398,7 +399,7 @@ func TestRestore_R8_R14_HoldsReservationOnFreshStack(t *testing.T) {
 	lg := &logs{}
 	hc, errc := restoreAsync(t, f.restorer(t, file, lg))
 	var beats uint64
-	backuptest.WaitFor(t, "heartbeats", 10*time.Second, func() bool {
+	polltest.Until(t, 10*time.Second, "heartbeats", func() bool {
 		r, ok := reservation(t, f)
 		beats = r.Beat
 		return ok && r.Beat >= 3

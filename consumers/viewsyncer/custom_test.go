@@ -9,6 +9,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -153,7 +154,7 @@ func TestServer_SyncedQueries(t *testing.T) {
 		c.hydrated()
 		fresh := jwtFor(t, "u1", time.Now().Unix()+1)
 		c.send(`["updateAuth",{"auth":"` + fresh + `"}]`)
-		waitFor(t, "a transform with the new token", func() bool {
+		polltest.Until(t, 10*time.Second, "a transform with the new token", func() bool {
 			for _, r := range e.api.reqs("/query") {
 				if r.Header.Get("Authorization") == "Bearer "+fresh && strings.Contains(string(r.Body), labelsAllHash) {
 					return true
@@ -254,7 +255,7 @@ func TestServer_AuthMaintenance(t *testing.T) {
 	b.expect("connected")
 	b.poke()
 	a.poke() // c2's desired query
-	waitFor(t, "c2's transform", func() bool {
+	polltest.Until(t, 10*time.Second, "c2's transform", func() bool {
 		for _, r := range e.api.reqs("/query") {
 			if r.Header.Get("Authorization") == "Bearer "+t2 && strings.Contains(string(r.Body), issue4Hash) {
 				return true
@@ -265,7 +266,7 @@ func TestServer_AuthMaintenance(t *testing.T) {
 
 	// A transient failure defers maintenance: nobody is failed.
 	e.api.fail("/query", 500, 8)
-	waitFor(t, "the 500s to be served", func() bool {
+	polltest.Until(t, 10*time.Second, "the 500s to be served", func() bool {
 		e.api.mu.Lock()
 		defer e.api.mu.Unlock()
 		return len(e.api.faults["/query"]) == 0

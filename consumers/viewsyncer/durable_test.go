@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/cvrstore"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -235,7 +236,7 @@ func TestServer_IdleUnload(t *testing.T) {
 // store, gave its lease up.
 func waitUnloaded(t *testing.T, e *env, group string) {
 	t.Helper()
-	waitFor(t, "group "+group+" unloaded", func() bool {
+	polltest.Until(t, 10*time.Second, "group "+group+" unloaded", func() bool {
 		e.srv.mu.Lock()
 		_, ok := e.srv.groups[group]
 		e.srv.mu.Unlock()
@@ -263,7 +264,7 @@ func TestDurable_TTLWhileUnloaded(t *testing.T) {
 	gone := time.Now()
 	waitUnloaded(t, e, "g")
 	// Wall time well past the TTL.
-	waitFor(t, "the TTL to pass in wall time", func() bool { return time.Since(gone) > time.Second })
+	polltest.Until(t, 10*time.Second, "the TTL to pass in wall time", func() bool { return time.Since(gone) > time.Second })
 
 	c = connect(t, e, dialOpts{group: "g", client: "c1", base: inactive.cookie, init: initFrame("")})
 	c.expect("connected")
@@ -396,7 +397,7 @@ func TestDurable_Purged(t *testing.T) {
 	c := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("a", issue7, 0))})
 	first := c.hydrated()
 	c.ws.Close()
-	waitFor(t, "garbage collection to purge the group", func() bool {
+	polltest.Until(t, 10*time.Second, "garbage collection to purge the group", func() bool {
 		st, err := e.sy.store.Load(context.Background(), "g", nil)
 		if err != nil {
 			t.Fatal(err)

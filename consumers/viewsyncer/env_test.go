@@ -25,6 +25,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -222,21 +223,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 func (e *env) waitWM(wm string) {
 	e.t.Helper()
-	waitFor(e.t, "watermark "+wm, func() bool { return e.cons.State().Watermark == wm })
-}
-
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
+	polltest.Until(e.t, 10*time.Second, "watermark "+wm, func() bool { return e.cons.State().Watermark == wm })
 }
 
 func (e *env) nextWM() string {

@@ -31,11 +31,13 @@ var mayImport = map[string][]string{
 // their non-test code, whatever their layer allows.
 var rootImportsNothing = map[string]bool{"streams": true}
 
-// serverHelpers stand up a real server for any test or test helper, from
-// any layer.
-var serverHelpers = map[string]bool{
+// anyLayerHelpers are test helpers with no jetsync logic that any test or
+// test helper, from any layer, may use: the two that stand up a real
+// server, and polling.
+var anyLayerHelpers = map[string]bool{
 	"nats-config/natstest": true,
 	"internal/pgtest":      true,
+	"internal/polltest":    true,
 }
 
 // importExceptions are known imports against the rule, each with why. The
@@ -69,7 +71,7 @@ func importProblem(from, to string, inTest bool) string {
 	if isTestHelper(to) && !inTest && !isTestHelper(from) {
 		return "test helper imported by non-test code"
 	}
-	if (inTest || isTestHelper(from)) && serverHelpers[to] {
+	if (inTest || isTestHelper(from)) && anyLayerHelpers[to] {
 		return ""
 	}
 	if !inTest && rootImportsNothing[from] {
@@ -224,6 +226,8 @@ func TestImportRule(t *testing.T) {
 		{"streams", "nats-config/natstest", true, true},
 		{"consumers/appapi", "internal/pgtest", true, true},
 		{"streams", "internal/pgtest", true, true},
+		{"streams", "internal/polltest", true, true},
+		{"nats-config", "internal/polltest", true, true},
 		{"cmd/jetsync", "internal/pglocal", false, true},
 		{"internal/pgtest", "internal/pglocal", false, true},
 		{"producers/pgrepl", "streams/streamstest", true, true},
@@ -243,6 +247,7 @@ func TestImportRule(t *testing.T) {
 		{"internal/promreg", "streams", false, false},
 		{"producers/pgrepl", "internal/pgtest", false, false},
 		{"streams", "internal/pglocal", false, false},
+		{"consumers/replicator", "internal/polltest", false, false},
 		{"newlayer/x", "streams", false, false},
 	} {
 		got := importProblem(c.from, c.to, c.inTest) == ""

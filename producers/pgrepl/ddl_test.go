@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -197,7 +198,7 @@ func TestSource_DDLCopyOutlastsSenderTimeout(t *testing.T) {
 	n := len(txs)
 	ctx := context.Background()
 	var pid int
-	waitFor(t, 30*time.Second, "the walsender", func() bool { pid = e.walsender(t, u.Slot); return pid != 0 })
+	polltest.Until(t, 30*time.Second, "the walsender", func() bool { pid = e.walsender(t, u.Slot); return pid != 0 })
 
 	// The schema change waits uncommitted while a locker queues for the
 	// table: at the commit the locker is granted the table before the
@@ -232,7 +233,7 @@ func TestSource_DDLCopyOutlastsSenderTimeout(t *testing.T) {
 			return err
 		})
 	}()
-	waitFor(t, 30*time.Second, "the locker to queue", func() bool {
+	polltest.Until(t, 30*time.Second, "the locker to queue", func() bool {
 		var waiting bool
 		err := e.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'a'::regclass AND NOT granted)`).Scan(&waiting)
 		if err != nil {

@@ -3,6 +3,7 @@ package pgrepl_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -57,11 +59,11 @@ func TestDegraded_Source(t *testing.T) {
 			return err
 		})
 		next := &w.next
-		waitFor(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 200 })
+		polltest.Until(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 200 })
 		e.exec(t, `ALTER TABLE a ADD COLUMN extra text DEFAULT 'd'`)
 		u2 := e.waitSynced(t, u1.ReplicaVersion)
 		from := next.Load()
-		waitFor(t, 30*time.Second, "writes after the resync", func() bool { return next.Load() > from+100 })
+		polltest.Until(t, 30*time.Second, "writes after the resync", func() bool { return next.Load() > from+100 })
 		if err := w.stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -94,25 +96,20 @@ func TestDegraded_Source(t *testing.T) {
 			want[id] = extra
 		}
 		var got map[int]string
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		polltest.UntilNil(t, 30*time.Second, "the stream to hold every row of a", func() error {
 			_, txs := transactions(t, e.messages(t))
 			if got = extraByID(txs); len(got) >= len(want) {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				var missing []int
-				for id := range want {
-					if _, ok := got[id]; !ok {
-						missing = append(missing, id)
-					}
+			var missing []int
+			for id := range want {
+				if _, ok := got[id]; !ok {
+					missing = append(missing, id)
 				}
-				slices.Sort(missing)
-				t.Fatalf("timed out waiting for the stream to hold every row of a: %d of %d; missing %v",
-					len(got), len(want), missing[:min(len(missing), 50)])
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			slices.Sort(missing)
+			return fmt.Errorf("%d of %d; missing %v", len(got), len(want), missing[:min(len(missing), 50)])
+		})
 		if len(got) != len(want) {
 			t.Errorf("the stream has %d rows of a; Postgres %d", len(got), len(want))
 		}
@@ -126,7 +123,7 @@ func TestDegraded_Source(t *testing.T) {
 		stop()
 		stop = e.run(outer)
 		e.exec(t, `INSERT INTO a VALUES (1000000, 'z', 'e')`)
-		waitFor(t, 30*time.Second, "the insert after the restart", func() bool {
+		polltest.Until(t, 30*time.Second, "the insert after the restart", func() bool {
 			_, txs := transactions(t, e.messages(t))
 			return slices.Contains(inserted(txs, "a"), 1000000)
 		})
@@ -221,7 +218,7 @@ func TestDegraded_SchemaChanges(t *testing.T) {
 		stop()
 		stop = e.run(outer)
 		e.exec(t, `INSERT INTO t VALUES (103, 'x'); INSERT INTO other VALUES (3); INSERT INTO strict VALUES (3, 'y')`)
-		waitFor(t, 30*time.Second, "the inserts after the restart", func() bool {
+		polltest.Until(t, 30*time.Second, "the inserts after the restart", func() bool {
 			_, txs := transactions(t, e.messages(t))
 			return slices.Contains(inserted(txs, "strict"), 3)
 		})

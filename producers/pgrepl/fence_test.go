@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 )
 
@@ -57,7 +58,7 @@ func TestSource_Fence(t *testing.T) {
 	e.exec(t, `INSERT INTO a VALUES (3, 'fenced')`)
 	// Two refusals mean a session tried to publish, failed, and a later
 	// one tried again: neither may have got anything through.
-	waitFor(t, 30*time.Second, "the fence to refuse twice", func() bool { return refused.Load() >= 2 })
+	polltest.Until(t, 30*time.Second, "the fence to refuse twice", func() bool { return refused.Load() >= 2 })
 	if got := len(e.messages(t)); got != before {
 		t.Fatalf("the stream went from %d to %d messages while the fence was closed", before, got)
 	}

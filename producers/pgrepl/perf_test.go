@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
@@ -81,7 +82,7 @@ func TestSource_Throughput(t *testing.T) {
 	}
 	s, _ := js.Stream(ctx, shard.ChangesStream())
 	var msgs uint64
-	waitFor(t, 5*time.Minute, "all transactions", func() bool {
+	polltest.Until(t, 5*time.Minute, "all transactions", func() bool {
 		m, err := s.GetLastMsgForSubject(ctx, shard.ChangesFilter())
 		if err != nil {
 			return false

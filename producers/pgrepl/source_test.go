@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/internal/pgtest"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
@@ -164,22 +165,11 @@ func (e *env) upstream(t *testing.T) *streams.Upstream {
 func (e *env) waitSynced(t *testing.T, not string) *streams.Upstream {
 	t.Helper()
 	var u *streams.Upstream
-	waitFor(t, 30*time.Second, "initial sync", func() bool {
+	polltest.Until(t, 30*time.Second, "initial sync", func() bool {
 		u = e.upstream(t)
 		return u != nil && u.Complete && u.ReplicaVersion != not
 	})
 	return u
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // writers write rows with ids from next on, each on a connection of its
@@ -551,7 +541,7 @@ func TestSource_InitialSync(t *testing.T) {
 func (e *env) waitTxs(t *testing.T, n int) []txn {
 	t.Helper()
 	var txs []txn
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d transactions", n), func() bool {
+	polltest.Until(t, 30*time.Second, fmt.Sprintf("%d transactions", n), func() bool {
 		_, txs = transactions(t, e.messages(t))
 		return len(txs) >= n
 	})
@@ -635,7 +625,7 @@ func TestSource_Streaming(t *testing.T) {
 	// Confirmed up to the end of the stream, and no further than the WAL.
 	u := e.upstream(t)
 	lastWM, _ := streams.ParseLexi(txs[len(txs)-1].wm)
-	waitFor(t, 20*time.Second, "confirmed_flush_lsn to pass the last commit", func() bool {
+	polltest.Until(t, 20*time.Second, "confirmed_flush_lsn to pass the last commit", func() bool {
 		lsn, _ := e.slot(t, u.Slot)
 		return uint64(lsn) > lastWM
 	})
@@ -724,7 +714,7 @@ func TestSource_Restart(t *testing.T) {
 	}
 	var stops []stopPoint
 	for round := 1; round <= 3; round++ {
-		waitFor(t, 30*time.Second, "progress", func() bool {
+		polltest.Until(t, 30*time.Second, "progress", func() bool {
 			_, txs := transactions(t, e.messages(t))
 			return len(txs) > round*n/5
 		})
@@ -854,7 +844,7 @@ func TestSource_Reset(t *testing.T) {
 		stop()
 		// The stopped Source's walsender may not have exited yet: the slot
 		// stays active until it does.
-		waitFor(t, 30*time.Second, "the slot to be released", func() bool {
+		polltest.Until(t, 30*time.Second, "the slot to be released", func() bool {
 			_, err := e.conn.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, u1.Slot)
 			return err == nil
 		})
@@ -951,7 +941,7 @@ func TestSource_IdleConfirm(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := pglogrepl.ParseLSN(lsn)
-	waitFor(t, 30*time.Second, "confirmed_flush_lsn to reach "+lsn, func() bool {
+	polltest.Until(t, 30*time.Second, "confirmed_flush_lsn to reach "+lsn, func() bool {
 		got, _ := e.slot(t, u.Slot)
 		return got >= want
 	})
@@ -1035,11 +1025,11 @@ func initialSyncUnderOpenTransactions(t *testing.T) {
 		})
 	})
 	next := &w.next
-	waitFor(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 5 })
+	polltest.Until(t, 30*time.Second, "the writer to start", func() bool { return next.Load() > 5 })
 	e.run(t)
 	u := e.waitSynced(t, "")
 	from := next.Load()
-	waitFor(t, 30*time.Second, "writes after the initial sync", func() bool { return next.Load() > from+20 })
+	polltest.Until(t, 30*time.Second, "writes after the initial sync", func() bool { return next.Load() > from+20 })
 	if err := w.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -63,17 +64,6 @@ func current(t *testing.T, kv jetstream.KeyValue) *streams.Producer {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling with a deadline
-	}
 }
 
 func wantLost(t *testing.T, err error, by *Lease) {
@@ -128,7 +118,7 @@ func TestLease_Run(t *testing.T) {
 		a := acquire(t, kv, "a", 20*time.Millisecond)
 		first := current(t, kv).Expires
 		running(t, a)
-		waitFor(t, 10*time.Second, "three renewals", func() bool {
+		polltest.Until(t, 10*time.Second, "three renewals", func() bool {
 			p := current(t, kv)
 			return p.Beat >= 3 && p.Expires.After(first)
 		})
@@ -194,7 +184,7 @@ func TestLease_Run(t *testing.T) {
 		if err := kv.Delete(context.Background(), streams.KeyProducer); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, "a to write its record back", func() bool {
+		polltest.Until(t, 10*time.Second, "a to write its record back", func() bool {
 			p := current(t, kv)
 			return p != nil && p.Instance == a.Record().Instance
 		})
@@ -255,7 +245,7 @@ func TestLease_Run(t *testing.T) {
 		done, _ := running(t, a)
 		before := current(t, kv).Beat
 		natstest.Restart(t, ns)
-		waitFor(t, 20*time.Second, "renewals after the restart", func() bool {
+		polltest.Until(t, 20*time.Second, "renewals after the restart", func() bool {
 			p, _, err := read(context.Background(), kv)
 			return err == nil && p != nil && p.Beat > before+2
 		})

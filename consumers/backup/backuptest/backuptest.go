@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 	"github.com/jetsync/jetsync/streams/streamstest"
@@ -76,7 +77,7 @@ func (e *Env) Restart() {
 	e.T.Helper()
 	before := e.NC.Stats().Reconnects
 	e.NS = natstest.Restart(e.T, e.NS)
-	WaitFor(e.T, "reconnect", 10*time.Second, func() bool { return e.NC.Stats().Reconnects > before && e.NC.IsConnected() })
+	polltest.Until(e.T, 10*time.Second, "reconnect", func() bool { return e.NC.Stats().Reconnects > before && e.NC.IsConnected() })
 }
 
 var itemSpec = streams.TableSpec{
@@ -154,21 +155,7 @@ func (e *Env) StartReplica(file, taskID string) *Running {
 // WaitSeq waits until r has applied seq.
 func (r *Running) WaitSeq(t testing.TB, seq uint64) {
 	t.Helper()
-	WaitFor(t, fmt.Sprintf("replica at seq %d", seq), 20*time.Second, func() bool { return r.C.State().StreamSeq >= seq })
-}
-
-// WaitFor polls cond until it holds, failing the test after timeout.
-func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
+	polltest.Until(t, 20*time.Second, fmt.Sprintf("replica at seq %d", seq), func() bool { return r.C.State().StreamSeq >= seq })
 }
 
 // StreamState returns the stream's first and last sequences.

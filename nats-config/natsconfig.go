@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // ServerConf is the text of server.conf.
@@ -109,7 +111,7 @@ func StartOptions(opts *server.Options, logger *slog.Logger) (*server.Server, er
 			logger = slog.Default()
 		}
 		debug := logger.Enabled(context.Background(), slog.LevelDebug)
-		ns.SetLoggerV2(slogLogger{logger.With("component", "nats-server")}, debug, false, false)
+		ns.SetLoggerV2(slogLogger{logger.With(logkey.Component, "nats-server")}, debug, false, false)
 	}
 	ns.Start()
 	if !ns.ReadyForConnections(ReadyTimeout) {

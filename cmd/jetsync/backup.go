@@ -19,6 +19,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/backup"
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/restore"
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -318,7 +319,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	out, _ := json.MarshalIndent(reply.Snapshot, "", "  ")
 	fmt.Fprintln(stdout, string(out))
-	log.Debug("backup now", "snapshot", reply.Snapshot.Name)
+	log.Debug("backup now", logkey.Snapshot, reply.Snapshot.Name)
 	return nil
 }
 

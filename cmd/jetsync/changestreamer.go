@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	producerrole "github.com/jetsync/jetsync/producers/role"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -82,7 +83,7 @@ func cmdChangeStreamer(ctx context.Context, args []string, stdout, stderr io.Wri
 		return err
 	}
 	defer h.Close()
-	log.Info("change-streamer running", "nats", c.displayURL(), "replica", file, "stream", shard.ChangesStream())
+	log.Info("change-streamer running", "nats", c.displayURL(), "replica", file, logkey.Stream, shard.ChangesStream())
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
 		backed,

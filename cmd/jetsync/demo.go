@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/internal/pglocal"
 )
 
@@ -26,7 +27,7 @@ func startDemo(ctx context.Context, dataDir string, port int, binDir, app string
 		Dir:    filepath.Join(dataDir, "postgres"),
 		Port:   port,
 		BinDir: binDir,
-		Logger: log.With("component", "demo-postgres"),
+		Logger: log.With(logkey.Component, "demo-postgres"),
 	})
 	if err != nil {
 		return nil, "", fmt.Errorf("demo postgres: %w", err)

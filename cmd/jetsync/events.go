@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -84,7 +85,7 @@ func (p *printer) message(seq uint64, at time.Time, m *streams.Message) error {
 		if err != nil {
 			// Show what there is: the fragments as they are.
 			if p.log != nil && part.Watermark != p.badWM {
-				p.log.Warn("fragments that cannot be joined", "seq", seq, "err", err)
+				p.log.Warn("fragments that cannot be joined", logkey.Seq, seq, "err", err)
 			}
 			p.badWM, changes = part.Watermark, part.Changes
 		}

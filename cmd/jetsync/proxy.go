@@ -152,13 +152,13 @@ func (p *proxy) serve(ctx context.Context, c net.Conn, track func(net.Conn) bool
 		var err error
 		b, err = d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			p.log.Debug("proxy connection", "client", c.RemoteAddr().String(), "backend", addr)
+			p.log.Debug("proxy connection", "remote_addr", c.RemoteAddr().String(), "backend", addr)
 			break
 		}
 		p.log.Warn("proxy backend unreachable; trying the next", "backend", addr, "err", err)
 	}
 	if b == nil {
-		p.log.Warn("proxy: no backend reachable; closing the connection", "client", c.RemoteAddr().String())
+		p.log.Warn("proxy: no backend reachable; closing the connection", "remote_addr", c.RemoteAddr().String())
 		return
 	}
 	defer b.Close()

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -108,8 +109,8 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return fmt.Errorf("replay into %s: %w", c.into, err)
 		}
-		log.Info("replica built", "file", c.into, "watermark", state.Watermark, "stream_seq", state.StreamSeq,
-			"replica_version", state.ReplicaVersion)
+		log.Info("replica built", "file", c.into, logkey.Watermark, state.Watermark, logkey.Seq, state.StreamSeq,
+			logkey.ReplicaVersion, state.ReplicaVersion)
 		fmt.Fprintf(stdout, "built %s: watermark %s, stream seq %d, replica version %s\n",
 			c.into, state.Watermark, state.StreamSeq, state.ReplicaVersion)
 		return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	natsconfig "github.com/jetsync/jetsync/nats-config"
 )
 
@@ -131,7 +132,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		return err
 	}
 	defer closeSrv()
-	log.Info("jetsync running", "replica", file, "stream", shard.ChangesStream(), "data_dir", dataDir, "port", h.Port())
+	log.Info("jetsync running", "replica", file, logkey.Stream, shard.ChangesStream(), "data_dir", dataDir, "port", h.Port())
 	return runStages(ctx, log,
 		[]component{{"change-streamer", src.Run}},
 		[]component{{"view-syncer", srv.Run}},

@@ -9,6 +9,8 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // notifyContext is cancelled by the first SIGINT or SIGTERM, which starts an
@@ -95,7 +97,7 @@ func runStages(ctx context.Context, log *slog.Logger, stages ...[]component) err
 	}
 	for i, st := range stages {
 		for _, c := range st {
-			log.Debug("stopping", "component", c.name)
+			log.Debug("stopping", logkey.Component, c.name)
 		}
 		cancels[i]()
 		wgs[i].Wait()

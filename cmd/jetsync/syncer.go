@@ -19,6 +19,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/viewsyncer"
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // syncFlags are the Zero sync endpoint's settings: its token settings,
@@ -180,7 +181,7 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 	if cvrFile == "" {
 		cvrFile = filepath.Join(rl.dataDir, "cvr.db")
 	}
-	log := rl.log.With("component", "view-syncer")
+	log := rl.log.With(logkey.Component, "view-syncer")
 	store, err := cvrstore.Open(ctx, cvrstore.Config{
 		JS: js, Shard: rl.shard, File: cvrFile, OwnerID: rl.id, Address: addr, LeaseTTL: a.leaseTTL, Logger: log,
 	})
@@ -213,6 +214,6 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 	for _, p := range viewsyncer.Patterns {
 		h.Handle(p, srv.Handler())
 	}
-	rl.log.Info("cvr store open", "file", cvrFile, "stream", rl.shard.CVRStream(), "owner", rl.id, "address", addr)
+	rl.log.Info("cvr store open", "file", cvrFile, logkey.Stream, rl.shard.CVRStream(), logkey.Owner, rl.id, "address", addr)
 	return srv, func() { srv.Close(); store.Close() }, nil
 }

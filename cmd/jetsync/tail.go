@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -130,7 +131,7 @@ func cmdTail(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer it.Stop()
-	log.Info("tailing", "stream", shard.ChangesStream(), "subjects", s.subjects, "nats", c.displayURL())
+	log.Info("tailing", logkey.Stream, shard.ChangesStream(), "subjects", s.subjects, "nats", c.displayURL())
 	p := newPrinter(stdout, c.json)
 	p.log = log
 	return follow(ctx, it, func(msg jetstream.Msg, md *jetstream.MsgMetadata) (bool, error) {
@@ -165,7 +166,7 @@ func follow(ctx context.Context, it jetstream.MessagesContext, fn func(jetstream
 func printMsg(p *printer, msg jetstream.Msg, md *jetstream.MsgMetadata, log *slog.Logger) error {
 	m, err := streams.Decode(msg.Data())
 	if err != nil {
-		log.Warn("undecodable message", "seq", md.Sequence.Stream, "subject", msg.Subject(), "err", err)
+		log.Warn("undecodable message", logkey.Seq, md.Sequence.Stream, logkey.Subject, msg.Subject(), "err", err)
 		return nil
 	}
 	return p.message(md.Sequence.Stream, md.Timestamp, m)

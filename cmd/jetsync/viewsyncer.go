@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"io"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 const viewSyncerSummary = `Run a view-syncer against an external NATS server: a replica consumer with its
@@ -92,6 +94,6 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 		// The sync server stops before the replica it reads.
 		stages = append([][]component{{{"sync", srv.Run}}}, stages...)
 	}
-	log.Info(r.name+" running", "nats", c.displayURL(), "replica", file, "stream", shard.ChangesStream(), "port", h.Port())
+	log.Info(r.name+" running", "nats", c.displayURL(), "replica", file, logkey.Stream, shard.ChangesStream(), "port", h.Port())
 	return runStages(ctx, log, stages...)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/producers/pgrepl"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -205,7 +206,7 @@ func (r *roleFlags) start(ctx context.Context, stderr io.Writer) (role, context.
 	if rl.id, err = taskID(rl.dataDir, r.taskID); err != nil {
 		return rl, nil, nil, err
 	}
-	rl.log = log.With("task_id", rl.id)
+	rl.log = log.With(logkey.TaskID, rl.id)
 	rl.log.Info("jetsync starting", readVersion().attrs()...)
 	rl.metrics = newMetricSet()
 	ctx, stop := notifyContext(ctx, rl.log)
@@ -220,7 +221,7 @@ func (rl role) replica(js jetstream.JetStream, file, name, component string) (*r
 		Shard:      rl.shard,
 		TaskID:     rl.id,
 		Name:       name,
-		Logger:     rl.log.With("component", component),
+		Logger:     rl.log.With(logkey.Component, component),
 		Registerer: rl.metrics.For(component),
 	}, js)
 }

@@ -3,6 +3,8 @@ package auth
 import (
 	"context"
 	"fmt"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // Effects is the work the Manager asks of the view-syncer. The Manager
@@ -55,10 +57,10 @@ func (m *Manager[A, Q, M]) Maintain(ctx context.Context, eff Effects[A, Q, M]) e
 		switch {
 		case err == nil:
 		case IsAuthError(err):
-			m.log.Warn("auth revalidation failed; failing connection", "client", c.ClientID, "ws", c.WSID, "err", err)
+			m.log.Warn("auth revalidation failed; failing connection", logkey.Client, c.ClientID, logkey.WSID, c.WSID, "err", err)
 			m.fail(eff, c, err)
 		case IsTransientError(err):
-			m.log.Warn("auth revalidation failed; deferring auth maintenance", "client", c.ClientID, "ws", c.WSID, "err", err)
+			m.log.Warn("auth revalidation failed; deferring auth maintenance", logkey.Client, c.ClientID, logkey.WSID, c.WSID, "err", err)
 			m.Defer(Revalidation)
 			return nil
 		default:
@@ -89,10 +91,10 @@ func (m *Manager[A, Q, M]) retransformBackground(ctx context.Context, eff Effect
 			m.MarkRetransformSuccess(bg.Selector, bg.Revision)
 			return nil
 		case IsAuthError(err):
-			m.log.Warn("background retransform auth failed; trying a replacement", "client", bg.ClientID, "ws", bg.WSID, "err", err)
+			m.log.Warn("background retransform auth failed; trying a replacement", logkey.Client, bg.ClientID, logkey.WSID, bg.WSID, "err", err)
 			m.fail(eff, bg, err)
 		case IsTransientError(err):
-			m.log.Warn("background retransform failed; deferring auth maintenance", "client", bg.ClientID, "ws", bg.WSID, "err", err)
+			m.log.Warn("background retransform failed; deferring auth maintenance", logkey.Client, bg.ClientID, logkey.WSID, bg.WSID, "err", err)
 			m.Defer(Retransformation)
 			return nil
 		default:

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // Manager is one client group's connection context manager. Its methods are
@@ -401,7 +403,7 @@ func (m *Manager[A, Q, M]) setBackgroundLocked(sel Selector, ok bool) {
 	}
 	m.group.Background, m.group.HasBackground = sel, ok
 	if ok {
-		m.log.Debug("background connection selected", "client", sel.ClientID, "ws", sel.WSID)
+		m.log.Debug("background connection selected", logkey.Client, sel.ClientID, logkey.WSID, sel.WSID)
 	}
 }
 

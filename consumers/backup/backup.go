@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -211,7 +212,7 @@ func New(cfg Config, js jetstream.JetStream) (*Producer, error) {
 	return &Producer{
 		cfg:          cfg,
 		js:           js,
-		log:          cfg.Logger.With("component", "backup", "stream", cfg.Shard.ChangesStream()),
+		log:          cfg.Logger.With(logkey.Component, "backup", logkey.Stream, cfg.Shard.ChangesStream()),
 		metrics:      m,
 		verified:     map[string]streams.Snapshot{},
 		bad:          map[string]bool{},
@@ -331,7 +332,7 @@ func (p *Producer) answer(ctx context.Context, m *nats.Msg) {
 	if reply.Error != "" {
 		p.log.Warn("backup now failed", "err", reply.Error)
 	} else {
-		p.log.Info("backup now", "snapshot", reply.Snapshot.Name)
+		p.log.Info("backup now", logkey.Snapshot, reply.Snapshot.Name)
 	}
 	if err := m.Respond(mustJSON(reply)); err != nil {
 		p.log.Debug("respond to backup now", "err", err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -78,7 +79,7 @@ func (p *Producer) verify(ctx context.Context) error {
 		if err := p.check(ctx, s); err != nil {
 			if errors.Is(err, errCorrupt) {
 				p.bad[s.Name] = true
-				p.log.Error("snapshot in the object store is corrupt; not using it", "snapshot", s.Name, "err", err)
+				p.log.Error("snapshot in the object store is corrupt; not using it", logkey.Snapshot, s.Name, "err", err)
 				continue
 			}
 			return err
@@ -105,10 +106,10 @@ func (p *Producer) verify(ctx context.Context) error {
 		if _, err := p.res.State.Put(ctx, streams.KeyBackupVerified, mustJSON(*newest)); err != nil {
 			return fmt.Errorf("record verified snapshot: %w", err)
 		}
-		p.log.Info("snapshot verified", "snapshot", newest.Name, "seq", newest.StreamSeq)
+		p.log.Info("snapshot verified", logkey.Snapshot, newest.Name, logkey.Seq, newest.StreamSeq)
 	}
 	if !p.confirmed {
-		p.log.Info("a restorable snapshot exists", "snapshot", newest.Name)
+		p.log.Info("a restorable snapshot exists", logkey.Snapshot, newest.Name)
 	}
 	p.newest, p.confirmed = newest, true
 	p.metrics.verifiedSeq.Set(float64(newest.StreamSeq))
@@ -296,7 +297,7 @@ func (p *Producer) liveReservations(ctx context.Context) ([]string, error) {
 					if r.Duration > p.cleanupDelay {
 						p.cleanupDelay = r.Duration
 						p.metrics.cleanupDelay.Set(r.Duration.Seconds())
-						p.log.Info("cleanup delay raised to the longest restore", "delay", r.Duration, "task", r.TaskID)
+						p.log.Info("cleanup delay raised to the longest restore", "delay", r.Duration, logkey.TaskID, r.TaskID)
 					}
 				}
 			}
@@ -449,7 +450,7 @@ func (p *Producer) consumerBound(ctx context.Context, stream jetstream.Stream, n
 			if m, err := stream.GetMsg(ctx, next); err == nil && now.Sub(m.Time) > p.cfg.ProtectMaxLag {
 				p.noProtect[ci.Name] = true
 				p.log.Error("protected consumer lags too far behind; it no longer holds back purges",
-					"consumer", ci.Name, "ack_floor", ci.AckFloor.Stream, "max_lag", p.cfg.ProtectMaxLag)
+					logkey.Consumer, ci.Name, "ack_floor", ci.AckFloor.Stream, "max_lag", p.cfg.ProtectMaxLag)
 				continue
 			}
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -90,7 +91,7 @@ func (p *Producer) Snapshot(ctx context.Context, force bool) (streams.Snapshot, 
 	p.metrics.snapshots.WithLabelValues("success").Inc()
 	p.metrics.snapshotBytes.Set(float64(size))
 	p.metrics.snapshotTime.Observe(time.Since(t0).Seconds())
-	p.log.Info("snapshot uploaded", "snapshot", name, "seq", s.StreamSeq, "watermark", s.Watermark,
+	p.log.Info("snapshot uploaded", logkey.Snapshot, name, logkey.Seq, s.StreamSeq, logkey.Watermark, s.Watermark,
 		"bytes", size, "rows", rows, "took", time.Since(t0).Round(time.Millisecond))
 	if err := p.prune(ctx); err != nil {
 		p.log.Warn("prune old snapshots", "err", err)
@@ -332,7 +333,7 @@ func (p *Producer) prune(ctx context.Context) error {
 			return fmt.Errorf("delete snapshot %s: %w", s.Name, err)
 		}
 		delete(p.verified, s.Name)
-		p.log.Info("deleted old snapshot", "snapshot", s.Name)
+		p.log.Info("deleted old snapshot", logkey.Snapshot, s.Name)
 	}
 	return nil
 }
@@ -412,7 +413,7 @@ func (p *Producer) removeOrphanChunks(ctx context.Context) (int, error) {
 			return removed, fmt.Errorf("orphan chunks: purge %s: %w", subj, err)
 		}
 		removed++
-		p.log.Info("purged the chunks of an unfinished upload", "subject", subj, "chunks", n, "written", last.Time)
+		p.log.Info("purged the chunks of an unfinished upload", logkey.Subject, subj, "chunks", n, "written", last.Time)
 	}
 	return removed, nil
 }

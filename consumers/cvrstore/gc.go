@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/cvr"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -85,7 +86,7 @@ func (s *Store) NewPurger(cfg GCConfig) (*Purger, error) {
 		cfg.TombstoneAge = DefaultTombstoneAge
 	}
 	cfg.TombstoneAge = max(cfg.TombstoneAge, cfg.Inactivity)
-	return &Purger{s: s, cfg: cfg, log: s.log.With("component", "cvr-gc")}, nil
+	return &Purger{s: s, cfg: cfg, log: s.log.With(logkey.Component, "cvr-gc")}, nil
 }
 
 // Run purges inactive groups until ctx ends, pacing passes as zero-cache's
@@ -279,7 +280,7 @@ func (p *Purger) purge(ctx context.Context, subject string, threshold time.Time)
 	}
 	defer func() {
 		if err := p.s.Release(context.WithoutCancel(ctx), lease); err != nil {
-			p.log.Warn("release a purged group's lease", "group", id, "err", err)
+			p.log.Warn("release a purged group's lease", logkey.ClientGroup, id, "err", err)
 		}
 	}()
 	hdr := streams.CVRMessage{Group: id, Owner: p.s.cfg.OwnerID, Version: PurgedVersion, Prev: raw.Sequence, Last: true,
@@ -312,7 +313,7 @@ func (p *Purger) purge(ctx context.Context, subject string, threshold time.Time)
 	if err := cvr.Drop(ctx, p.s.w, id); err != nil {
 		return true, fmt.Errorf("cvr gc: drop %q: %w", id, err)
 	}
-	p.log.Debug("purged inactive cvr", "group", id, "last_active", raw.Time, "seq", ack.Sequence)
+	p.log.Debug("purged inactive cvr", logkey.ClientGroup, id, "last_active", raw.Time, logkey.Seq, ack.Sequence)
 	return true, nil
 }
 

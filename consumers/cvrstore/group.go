@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/cvr"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -84,7 +85,7 @@ func (s *Store) Load(ctx context.Context, groupID string, lease *Lease) (*Group,
 	if p.Seq < last {
 		err := g.replay(ctx, p.Seq, last)
 		if errors.Is(err, cvr.ErrGap) && p.Seq > 0 {
-			s.log.Info("cvr projection missed purged history; rebuilding", "group", groupID, "seq", p.Seq, "err", err)
+			s.log.Info("cvr projection missed purged history; rebuilding", logkey.ClientGroup, groupID, logkey.Seq, p.Seq, "err", err)
 			if err = cvr.Drop(ctx, s.w, groupID); err == nil {
 				g.info.Rebuilt, g.info.Replayed = true, 0
 				err = g.replay(ctx, 0, last)
@@ -101,7 +102,7 @@ func (s *Store) Load(ctx context.Context, groupID string, lease *Lease) (*Group,
 		return nil, fmt.Errorf("load cvr group %q: history ends inside an update at seq %d", groupID, p.Seq)
 	}
 	g.seq, g.since = last, p.SinceSnapshot
-	s.log.Debug("cvr group loaded", "group", groupID, "seq", last, "from", g.info.FromSeq, "replayed", g.info.Replayed)
+	s.log.Debug("cvr group loaded", logkey.ClientGroup, groupID, logkey.Seq, last, "from", g.info.FromSeq, "replayed", g.info.Replayed)
 	return g, nil
 }
 
@@ -254,7 +255,7 @@ func (g *Group) Publish(ctx context.Context, version string, events []streams.CV
 		// The update is durable; a failed compaction only leaves the
 		// history long, and breaks the Group if it found a conflict.
 		if err := g.Compact(ctx); err != nil {
-			g.s.log.Warn("cvr compaction failed", "group", g.id, "seq", g.seq, "err", err)
+			g.s.log.Warn("cvr compaction failed", logkey.ClientGroup, g.id, logkey.Seq, g.seq, "err", err)
 		}
 	}
 	return nil
@@ -320,7 +321,7 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 		if err != nil {
 			// The stream has the update; only the local copy is behind,
 			// which the next Load repairs by replaying the stream.
-			g.s.log.Warn("cvr projection apply failed; the group must be reloaded", "group", g.id, "seq", last, "err", err)
+			g.s.log.Warn("cvr projection apply failed; the group must be reloaded", logkey.ClientGroup, g.id, logkey.Seq, last, "err", err)
 			g.applyMu.Lock()
 			if g.applyErr == nil {
 				g.applyErr = err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -210,7 +211,7 @@ func (s *Store) lost(l *Lease, err error) {
 	}
 	s.mu.Unlock()
 	if l.end(err) {
-		s.log.Info("cvr lease lost", "group", l.groupID, "err", err)
+		s.log.Info("cvr lease lost", logkey.ClientGroup, l.groupID, "err", err)
 		if s.cfg.LeaseLost != nil {
 			s.cfg.LeaseLost(l.groupID)
 		}
@@ -331,7 +332,7 @@ func (s *Store) Run(ctx context.Context) error {
 			err := l.Renew(rctx)
 			cancel()
 			if err != nil && !errors.Is(err, ErrLeaseLost) && ctx.Err() == nil {
-				s.log.Warn("cvr lease renewal failed", "group", l.groupID, "err", err)
+				s.log.Warn("cvr lease renewal failed", logkey.ClientGroup, l.groupID, "err", err)
 			}
 		}
 	}

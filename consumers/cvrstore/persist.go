@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/zql"
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/cvr"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -195,8 +196,8 @@ func (d *Durable) Load(ctx context.Context, id string) (*CVR, error) {
 	}
 	c.lease, c.w = lease, w
 	info := w.Info()
-	d.Log.Debug("cvr loaded", "client_group", id, "version", c.Version, "rows", len(c.Rows),
-		"seq", w.Seq(), "from", info.FromSeq, "replayed", info.Replayed, "rebuilt", info.Rebuilt)
+	d.Log.Debug("cvr loaded", logkey.ClientGroup, id, "version", c.Version, "rows", len(c.Rows),
+		logkey.Seq, w.Seq(), "from", info.FromSeq, "replayed", info.Replayed, "rebuilt", info.Rebuilt)
 	return c, nil
 }
 
@@ -401,7 +402,7 @@ func (d *Durable) Unload(ctx context.Context, c *CVR) {
 		return
 	}
 	if err := d.Store.Release(ctx, c.lease); err != nil {
-		d.Log.Warn("release cvr lease", "client_group", c.ID, "err", err)
+		d.Log.Warn("release cvr lease", logkey.ClientGroup, c.ID, "err", err)
 	}
 }
 
@@ -410,6 +411,6 @@ func (d *Durable) Unload(ctx context.Context, c *CVR) {
 func (d *Durable) Drop(ctx context.Context, c *CVR) {
 	d.Unload(ctx, c)
 	if err := d.Store.Forget(ctx, c.ID); err != nil {
-		d.Log.Warn("forget cvr", "client_group", c.ID, "err", err)
+		d.Log.Warn("forget cvr", logkey.ClientGroup, c.ID, "err", err)
 	}
 }

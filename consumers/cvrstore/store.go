@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/cvr"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -157,7 +158,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	r.SetMaxOpenConns(4)
 	return &Store{
 		cfg:       cfg,
-		log:       cfg.Logger.With("stream", cfg.Shard.CVRStream()),
+		log:       cfg.Logger.With(logkey.Stream, cfg.Shard.CVRStream()),
 		stream:    stream,
 		kv:        kv,
 		w:         w,

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -194,7 +195,7 @@ func New(cfg Config, js jetstream.JetStream) (*Consumer, error) {
 	return &Consumer{
 		cfg:     cfg,
 		js:      js,
-		log:     cfg.Logger.With("consumer", cfg.DurableName(), "stream", cfg.Shard.ChangesStream()),
+		log:     cfg.Logger.With(logkey.Consumer, cfg.DurableName(), logkey.Stream, cfg.Shard.ChangesStream()),
 		metrics: m,
 		subs:    map[*Subscription]struct{}{},
 	}, nil
@@ -279,7 +280,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return &changeBatch{cap: c.cfg.SubscriptionCap}
 	}
 	c.setState(st)
-	c.log.Info("replica consumer starting", "file", c.cfg.File, "seq", st.StreamSeq, "watermark", st.Watermark)
+	c.log.Info("replica consumer starting", "file", c.cfg.File, logkey.Seq, st.StreamSeq, logkey.Watermark, st.Watermark)
 
 	cctx, stopCheckpoints := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -337,14 +338,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if errors.As(err, &de) {
 				// Never skipped: a message nobody can read breaks every
 				// replica built from the stream.
-				c.log.Error("undecodable change message; stopping", "seq", de.Seq, "err", de.Err)
+				c.log.Error("undecodable change message; stopping", logkey.Seq, de.Seq, "err", de.Err)
 			}
 			return err
 		}
 		if c.rereadFirst(gap) {
 			continue
 		}
-		c.log.Error("replica missed history; rebuilding it", "seq", gap.Seq, "reason", gap.Reason)
+		c.log.Error("replica missed history; rebuilding it", logkey.Seq, gap.Seq, "reason", gap.Reason)
 		if c.rebuiltFrom != 0 && (c.proc.st.ReplicaVersion == "" || gap.Seq == c.lastGapSeq) {
 			// Rebuilding from this reset ran into a gap too.
 			c.badReset = c.rebuiltFrom
@@ -416,7 +417,7 @@ func (c *Consumer) follow(ctx context.Context, stream jetstream.Stream) error {
 	if resync != "" {
 		c.requestResync(ctx, resync)
 	}
-	c.log.Info("following the change stream", "seq", start, "waiting_for_reset", c.proc.waiting)
+	c.log.Info("following the change stream", logkey.Seq, start, "waiting_for_reset", c.proc.waiting)
 	// SQLite work is local and bounded: finish it even when ctx ends, so
 	// that a batch in hand is committed and acked.
 	sctx := context.WithoutCancel(ctx)
@@ -573,9 +574,9 @@ func (c *Consumer) commit(ctx context.Context) error {
 	c.commitMu.Unlock()
 	c.noteWatermark(p.st.Watermark)
 	if o.initialSync {
-		c.log.Info("initial sync applied", "replica_version", p.st.ReplicaVersion, "seq", p.st.StreamSeq, "changes", o.changes)
+		c.log.Info("initial sync applied", logkey.ReplicaVersion, p.st.ReplicaVersion, logkey.Seq, p.st.StreamSeq, "changes", o.changes)
 	}
-	c.log.Debug("committed", "seq", p.st.StreamSeq, "watermark", p.st.Watermark, "transactions", o.txns, "changes", o.changes)
+	c.log.Debug("committed", logkey.Seq, p.st.StreamSeq, logkey.Watermark, p.st.Watermark, "transactions", o.txns, "changes", o.changes)
 	return nil
 }
 
@@ -730,11 +731,11 @@ func (c *Consumer) requestResync(ctx context.Context, reason string) {
 	c.resyncAt = time.Now().Add(c.cfg.ResyncInterval)
 	body, _ := json.Marshal(streams.ResyncRequest{TaskID: c.cfg.TaskID, Consumer: c.cfg.Name, Reason: reason, Watermark: c.proc.st.Watermark})
 	subj := c.cfg.Shard.ResyncSubject()
-	c.log.Warn("requesting a resync from the producer", "subject", subj, "reason", reason)
+	c.log.Warn("requesting a resync from the producer", logkey.Subject, subj, "reason", reason)
 	rctx, cancel := context.WithTimeout(ctx, min(2*time.Second, c.cfg.ResyncInterval))
 	defer cancel()
 	if _, err := c.js.Conn().RequestWithContext(rctx, subj, body); err != nil && ctx.Err() == nil {
-		c.log.Warn("resync request unanswered; will repeat", "subject", subj, "err", err, "in", c.cfg.ResyncInterval)
+		c.log.Warn("resync request unanswered; will repeat", logkey.Subject, subj, "err", err, "in", c.cfg.ResyncInterval)
 	}
 }
 
@@ -752,7 +753,7 @@ func (c *Consumer) ensureConsumer(ctx context.Context, stream jetstream.Stream, 
 			info.Config.Metadata[streams.MetaReplica] == "true" {
 			return cons, nil
 		}
-		c.log.Info("recreating the durable consumer at the replica's position", "seq", start,
+		c.log.Info("recreating the durable consumer at the replica's position", logkey.Seq, start,
 			"delivered", info.Delivered.Stream, "ack_floor", info.AckFloor.Stream)
 		if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("delete consumer %s: %w", name, err)

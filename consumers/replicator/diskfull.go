@@ -11,6 +11,8 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"modernc.org/sqlite"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // SQLite result codes that decide what a failed write or open means.
@@ -107,7 +109,7 @@ func (c *Consumer) waitForSpace(ctx context.Context, err error) bool {
 	c.metrics.diskFullRetries.Inc()
 	if first {
 		c.log.Error("replica disk full: the batch is rolled back and not acked; retrying until there is space",
-			"file", c.cfg.File, "seq", c.appliedSeq(), "err", err, "in", d)
+			"file", c.cfg.File, logkey.Seq, c.appliedSeq(), "err", err, "in", d)
 	} else {
 		c.log.Warn("replica disk still full; retrying", "file", c.cfg.File, "attempt", attempts, "err", err, "in", d)
 	}
@@ -133,7 +135,7 @@ func (c *Consumer) wrote() {
 	f.since, f.lastErr, f.attempts = time.Time{}, nil, 0
 	f.mu.Unlock()
 	c.metrics.diskFull.Set(0)
-	c.log.Info("replica disk has space again; writing resumed", "file", c.cfg.File, "seq", c.appliedSeq(),
+	c.log.Info("replica disk has space again; writing resumed", "file", c.cfg.File, logkey.Seq, c.appliedSeq(),
 		"full_for", time.Since(since).Round(time.Millisecond), "attempts", attempts)
 }
 

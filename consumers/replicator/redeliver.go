@@ -1,5 +1,7 @@
 package replicator
 
+import "github.com/jetsync/jetsync/internal/logkey"
+
 // rereadFirst reports whether a gap should first be answered by reading
 // again from the replica's position, rather than by a rebuild. A NATS
 // server that restarts drops what was on the wire to this client, yet
@@ -13,6 +15,6 @@ func (c *Consumer) rereadFirst(gap *GapError) bool {
 	}
 	c.rereadGap = gap.Seq
 	c.log.Warn("change stream gap; reading again from the replica's position before rebuilding it",
-		"seq", gap.Seq, "reason", gap.Reason, "from", c.proc.st.StreamSeq+1)
+		logkey.Seq, gap.Seq, "reason", gap.Reason, "from", c.proc.st.StreamSeq+1)
 	return true
 }

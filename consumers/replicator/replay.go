@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -101,7 +102,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg ReplayConfig) (repl
 		return st, fmt.Errorf("replay %s: %w", name, err)
 	}
 	defer it.Stop()
-	cfg.Logger.Info("replaying", "stream", name, "from", from, "to", to, "file", cfg.File, "table", cfg.Table)
+	cfg.Logger.Info("replaying", logkey.Stream, name, "from", from, "to", to, "file", cfg.File, logkey.Table, cfg.Table)
 	sctx := context.WithoutCancel(ctx)
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -40,7 +41,7 @@ func (r *Restorer) download(ctx context.Context, res streams.Backup, stream jets
 		return Result{}, fmt.Errorf("restore: %w", err)
 	}
 	rows := snapshotRows(oinfo)
-	r.log.Info("downloading snapshot", "snapshot", snap.Name, "bytes", snap.Size, "rows", rows, "seq", snap.StreamSeq)
+	r.log.Info("downloading snapshot", logkey.Snapshot, snap.Name, "bytes", snap.Size, "rows", rows, logkey.Seq, snap.StreamSeq)
 	r.metrics.snapshotRows.Set(float64(rows))
 	pw := &progress{log: r.log, m: r.metrics, total: snap.Size, rows: rows, every: r.cfg.ProgressEvery, start: t0, last: t0}
 	n, digest, err := r.fetch(ctx, oinfo, f, pw)
@@ -60,7 +61,7 @@ func (r *Restorer) download(ctx context.Context, res streams.Backup, stream jets
 			fmt.Sprintf("sha256 %s over %d bytes, but the snapshot was taken with sha256 %s over %d bytes", sum, n, snap.SHA256, snap.Size)}
 	}
 	took := time.Since(t0)
-	r.log.Info("snapshot downloaded", "snapshot", snap.Name, "bytes", n, "took", took.Round(time.Millisecond),
+	r.log.Info("snapshot downloaded", logkey.Snapshot, snap.Name, "bytes", n, "took", took.Round(time.Millisecond),
 		"mb_per_s", fmt.Sprintf("%.1f", float64(n)/1e6/max(took.Seconds(), 1e-9)))
 	t1 := time.Now()
 	st, err := r.validate(ctx, tmp, up)
@@ -93,8 +94,8 @@ func (r *Restorer) download(ctx context.Context, res streams.Backup, stream jets
 	if err != nil {
 		return Result{}, fmt.Errorf("stream info: %w", err)
 	}
-	r.log.Info("snapshot restored; catching up from the change stream", "snapshot", snap.Name, "seq", st.StreamSeq,
-		"watermark", st.Watermark, "stream_last_seq", info.State.LastSeq)
+	r.log.Info("snapshot restored; catching up from the change stream", logkey.Snapshot, snap.Name, logkey.Seq, st.StreamSeq,
+		logkey.Watermark, st.Watermark, "stream_last_seq", info.State.LastSeq)
 	return Result{Restored: true, Snapshot: snap, State: st, CatchUpSeq: info.State.LastSeq, Bytes: n}, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -163,7 +164,7 @@ func New(cfg Config, js jetstream.JetStream) (*Restorer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Restorer{cfg: cfg, js: js, log: cfg.Logger.With("component", "restore", "file", cfg.File), metrics: m}, nil
+	return &Restorer{cfg: cfg, js: js, log: cfg.Logger.With(logkey.Component, "restore", "file", cfg.File), metrics: m}, nil
 }
 
 // Restore makes cfg.File a replica the consumer can catch up from: a valid
@@ -220,7 +221,7 @@ func (r *Restorer) restore(ctx context.Context, res streams.Backup) (Result, err
 			}
 			if up != nil && info != nil {
 				if st, ok := r.checkLocal(ctx, *up, info); ok {
-					r.log.Info("keeping the local replica: the stream still covers it", "seq", st.StreamSeq, "watermark", st.Watermark)
+					r.log.Info("keeping the local replica: the stream still covers it", logkey.Seq, st.StreamSeq, logkey.Watermark, st.Watermark)
 					return &done{Result{Kept: true, State: st, CatchUpSeq: info.State.LastSeq}}
 				}
 			}
@@ -254,7 +255,7 @@ func (r *Restorer) restore(ctx context.Context, res streams.Backup) (Result, err
 					msg = "the newest snapshot was rejected; holding the reservation open until a new one lands"
 				}
 				if waitLogged != msg {
-					r.log.Info(msg, "task", r.cfg.TaskID, "bucket", r.cfg.Shard.SnapshotBucket())
+					r.log.Info(msg, logkey.TaskID, r.cfg.TaskID, "bucket", r.cfg.Shard.SnapshotBucket())
 					waitLogged = msg
 				}
 				r.metrics.attempts.WithLabelValues("no_backup").Inc()
@@ -266,7 +267,7 @@ func (r *Restorer) restore(ctx context.Context, res streams.Backup) (Result, err
 				if errors.As(err, &ie) {
 					rejected[snap.Name] = true
 					r.metrics.attempts.WithLabelValues("invalid_replica").Inc()
-					r.log.Error("snapshot rejected and deleted locally; waiting for another", "snapshot", snap.Name, "err", err)
+					r.log.Error("snapshot rejected and deleted locally; waiting for another", logkey.Snapshot, snap.Name, "err", err)
 					return errWait
 				}
 				return err
@@ -578,7 +579,7 @@ func (h *Hold) EndWhenCaughtUp(ctx context.Context, f Follower) error {
 			last = now
 			rate, eta := rateETA(float64(seq-from), float64(left), now.Sub(t0))
 			m.catchUpETA.Set(eta.Seconds())
-			h.r.log.Info("catch-up progress", "seq", seq, "target", target, "messages_left", left,
+			h.r.log.Info("catch-up progress", logkey.Seq, seq, "target", target, "messages_left", left,
 				"msgs_per_s", fmt.Sprintf("%.0f", rate), "eta", eta.Round(time.Second))
 		}
 		select {
@@ -592,7 +593,7 @@ func (h *Hold) EndWhenCaughtUp(ctx context.Context, f Follower) error {
 	m.catchUpETA.Set(0)
 	seq := f.State().StreamSeq
 	took := time.Since(t0)
-	h.r.log.Info("caught up after the restore", "seq", seq, "messages", seq-min(from, seq), "took", took.Round(time.Millisecond))
+	h.r.log.Info("caught up after the restore", logkey.Seq, seq, "messages", seq-min(from, seq), "took", took.Round(time.Millisecond))
 	return h.End(ctx)
 }
 

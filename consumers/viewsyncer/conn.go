@@ -17,6 +17,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // Timing of the downstream (docs/protocol.md §10).
@@ -151,7 +152,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer ws.Close()
 	ws.SetReadLimit(s.cfg.MaxPayloadBytes)
-	log := s.log.With("wsid", r.URL.Query().Get("wsid"))
+	log := s.log.With(logkey.WSID, r.URL.Query().Get("wsid"))
 
 	// Browsers hide failed upgrades, so bad requests are told on the socket
 	// (docs/protocol.md §2.1).
@@ -172,7 +173,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	c := &conn{
 		s: s, ws: ws, clientID: p.clientID, wsID: p.wsID, userID: p.userID,
 		base: p.baseCookie, hasBase: p.hasBase, wake: make(chan struct{}, 1),
-		log: log.With("client_group", p.clientGroupID, "client", p.clientID),
+		log: log.With(logkey.ClientGroup, p.clientGroupID, logkey.Client, p.clientID),
 	}
 	claims, perr := s.authenticate(r.Context(), sp.AuthToken, p.userID, true)
 	if perr != nil {
@@ -206,12 +207,12 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		g, err = s.group(ctx, p.clientGroupID)
 		var owned *cvrstore.OwnedError
 		if errors.As(err, &owned) && owned.Owner.Address != "" && r.Header.Get(forwardedHeader) == "" {
-			log.Debug("forwarding to the client group's owner", "client_group", p.clientGroupID, "owner", owned.Owner.ID)
+			log.Debug("forwarding to the client group's owner", logkey.ClientGroup, p.clientGroupID, logkey.Owner, owned.Owner.ID)
 			s.forward(ctx, ws, r, proto, owned)
 			return
 		}
 		if err != nil {
-			log.Info("client group not served here", "client_group", p.clientGroupID, "err", err)
+			log.Info("client group not served here", logkey.ClientGroup, p.clientGroupID, "err", err)
 			closeWithError(ws, loadError(err))
 			return
 		}
@@ -505,7 +506,7 @@ func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Reques
 		ReadBufferSize: upgrader.ReadBufferSize, WriteBufferSize: upgrader.WriteBufferSize}
 	up, _, err := d.DialContext(ctx, u, http.Header{forwardedHeader: {"1"}})
 	if err != nil {
-		s.log.Info("forward to the client group's owner", "owner", owned.Owner.ID, "address", owned.Owner.Address, "err", err)
+		s.log.Info("forward to the client group's owner", logkey.Owner, owned.Owner.ID, "address", owned.Owner.Address, "err", err)
 		closeWithError(ws, loadError(owned))
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/zql"
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // via is the connection whose credentials transform the group's synced
@@ -57,7 +58,7 @@ func (g *group) checkTransformed(snap *snapshot) error {
 			continue
 		}
 		if _, err := zql.Compile(snap.schema.zql, q.AST); err != nil {
-			g.log.Warn("synced query does not compile", "query", h, "name", q.Name, "err", err)
+			g.log.Warn("synced query does not compile", logkey.Query, h, "name", q.Name, "err", err)
 			return compileError(h, err)
 		}
 	}
@@ -108,7 +109,7 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Val
 			continue
 		}
 		if r.Error != nil {
-			g.log.Warn("Error transforming custom query "+q.Name+": "+r.Error.Kind, "query", r.ID, "message", r.Error.Message)
+			g.log.Warn("Error transforming custom query "+q.Name+": "+r.Error.Kind, logkey.Query, r.ID, "message", r.Error.Message)
 			g.cvr.Refused(r.ID, r.Error)
 			for id, cr := range g.cvr.Clients {
 				if _, ok := cr.Desired[r.ID]; ok {
@@ -119,7 +120,7 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Val
 		}
 		if q.TransformationHash != "" {
 			if q.TransformationHash != r.TransformationHash {
-				g.log.Info("query transformation changed", "query", r.ID, "from", q.TransformationHash, "to", r.TransformationHash)
+				g.log.Info("query transformation changed", logkey.Query, r.ID, "from", q.TransformationHash, "to", r.TransformationHash)
 				m.transformHashChanges.Inc()
 			} else {
 				m.transformNoOps.Inc()

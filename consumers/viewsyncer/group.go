@@ -13,6 +13,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/consumers/zql/permissions"
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // partSize is how many patches go in one pokePart, as zero-cache flushes.
@@ -240,7 +241,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		}
 		rebuilt, err := g.prepare(p, snap)
 		if err != nil {
-			g.log.Warn("query no longer compiles; dropping it", "query", h, "err", err)
+			g.log.Warn("query no longer compiles; dropping it", logkey.Query, h, "err", err)
 			g.removePipeline(u, p)
 			continue
 		}
@@ -287,7 +288,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		}
 		if _, err := g.prepare(p, snap); err != nil {
 			// Checked on arrival; only a schema change gets here.
-			g.log.Warn("query does not compile", "query", h, "err", err)
+			g.log.Warn("query does not compile", logkey.Query, h, "err", err)
 			continue
 		}
 		g.pipelines[h] = p

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -32,7 +33,7 @@ func (s *Server) group(ctx context.Context, id string) (*group, error) {
 	g := s.groups[id]
 	if g == nil {
 		g = &group{
-			s: s, id: id, log: s.log.With("client_group", id),
+			s: s, id: id, log: s.log.With(logkey.ClientGroup, id),
 			pipelines: map[string]*pipeline{}, conns: map[string]*conn{},
 			loaded: make(chan struct{}), maint: make(chan struct{}, 1),
 		}
@@ -113,7 +114,7 @@ func (g *group) transformPending(ctx context.Context) {
 			g.cc.Fail(v.ac.Selector, v.ac.Revision)
 		}
 		if err != nil {
-			g.log.Warn("transform queued synced queries", "client", c.clientID, "err", err)
+			g.log.Warn("transform queued synced queries", logkey.Client, c.clientID, "err", err)
 			c.ready = false
 			c.failErr(err)
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // cleanupKey marks the pusher entries that carry _zero_cleanupResults
@@ -208,7 +209,7 @@ func (g *group) pushed(_ context.Context, o appapi.PushOutcome) {
 		c.failErr(err)
 	}
 	if o.Err != nil {
-		g.log.Info("push failed", "client", key.ClientID, "err", o.Err)
+		g.log.Info("push failed", logkey.Client, key.ClientID, "err", o.Err)
 		var f *appapi.Failure
 		if !errors.As(o.Err, &f) {
 			failClient(key.ClientID, o.Err)

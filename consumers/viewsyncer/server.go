@@ -33,6 +33,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/consumers/zql/permissions"
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -265,7 +266,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("open replica: %w", err)
 	}
 	db.SetMaxOpenConns(DefaultReadConns)
-	log := cfg.Logger.With("component", "view-syncer")
+	log := cfg.Logger.With(logkey.Component, "view-syncer")
 	var store cvrStore = cvrstore.NewMem()
 	var owners cvrOwners
 	var purger *cvrstore.Purger

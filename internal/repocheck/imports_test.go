@@ -21,7 +21,7 @@ var mayImport = map[string][]string{
 	"consumers":   {"consumers", "projections", "streams", "internal"},
 	"projections": {"projections", "streams", "internal"},
 	"streams":     {"streams"}, // the package streams itself: nothing (see rootImportsNothing)
-	"nats-config": {"nats-config"},
+	"nats-config": {"nats-config", "internal"},
 	"internal":    {"internal"},
 	// Programs for users to copy: the contract and nothing else.
 	"examples": {"streams"},
@@ -213,6 +213,8 @@ func TestImportRule(t *testing.T) {
 	}{
 		{"cmd/jetsync", "consumers/viewsyncer", false, true},
 		{"cmd/jetsync", "nats-config", false, true},
+		{"nats-config", "internal/logkey", false, true},
+		{"consumers/cvrstore", "internal/logkey", false, true},
 		{"consumers/viewsyncer", "consumers/replicator", false, true},
 		{"consumers/viewsyncer", "projections/replica", false, true},
 		{"consumers/backup", "projections/replica", false, true},
@@ -245,6 +247,7 @@ func TestImportRule(t *testing.T) {
 		{"consumers/replicator", "nats-config/natstest", false, false},
 		{"producers/pgrepl", "consumers/backup/backuptest", true, false},
 		{"internal/promreg", "streams", false, false},
+		{"internal/logkey", "nats-config", false, false},
 		{"producers/pgrepl", "internal/pgtest", false, false},
 		{"streams", "internal/pglocal", false, false},
 		{"consumers/replicator", "internal/polltest", false, false},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -234,7 +235,7 @@ func (d *decoder) ddl(ctx context.Context, content []byte, emit func(event) erro
 	if len(changes) == 0 {
 		return nil
 	}
-	log.Info("schema change", "changes", len(changes), "backfills", len(backfills), "query", ev.Context.Query)
+	log.Info("schema change", "changes", len(changes), "backfills", len(backfills), "statement", ev.Context.Query)
 	for _, c := range changes {
 		b, err := json.Marshal(&c.change)
 		if err != nil {
@@ -542,7 +543,7 @@ func (d *decoder) backfill(ctx context.Context, bt *ddlTable, emit func(event) e
 	if err := w.close(); err != nil {
 		return err
 	}
-	d.log.Info("backfilled", "table", t.spec.Schema+"."+t.spec.Name, "rows", w.total)
+	d.log.Info("backfilled", logkey.Table, t.spec.Schema+"."+t.spec.Name, "rows", w.total)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/producers/pgvalue"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -47,7 +48,7 @@ func (s *Source) reset(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgC
 	// start exactly at the consistent point: the replica version sits one
 	// below, so that such a transaction orders after the initial sync.
 	rv := streams.Lexi(uint64(lsn) - 1)
-	log := s.log.With("slot", slot, "replicaVersion", rv)
+	log := s.log.With(logkey.Slot, slot, logkey.ReplicaVersion, rv)
 	log.Info("initial sync started")
 	started := time.Now()
 
@@ -104,7 +105,7 @@ func (s *Source) reset(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgC
 		if err := stream.Purge(ctx, jetstream.WithPurgeSequence(u.ResetSeq)); err != nil {
 			return pos, fmt.Errorf("purge history before the reset at seq %d: %w", u.ResetSeq, err)
 		}
-		log.Info("purged history before the reset", "seq", u.ResetSeq)
+		log.Info("purged history before the reset", logkey.Seq, u.ResetSeq)
 	}
 	return position{
 		slot: slot, replicaVersion: rv, startLSN: lsn, prev: rv, resumeWM: rv, resumePart: allParts,
@@ -156,7 +157,7 @@ func (s *Source) createSlot(ctx context.Context, conn *pgx.Conn, replConn *pgcon
 		if err := dropSlot(ctx, conn, name); err != nil {
 			return "", res, err
 		}
-		s.log.Info("dropped replication slot", "slot", name)
+		s.log.Info("dropped replication slot", logkey.Slot, name)
 		delete(taken, name)
 	}
 	var slot string

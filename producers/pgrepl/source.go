@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/producers/pgvalue"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -55,7 +56,7 @@ func New(cfg Config, js jetstream.JetStream) (*Source, error) {
 	return &Source{
 		cfg:   cfg,
 		js:    js,
-		log:   cfg.Logger.With("component", "change-streamer", "shard", cfg.Shard.ID()),
+		log:   cfg.Logger.With(logkey.Component, "change-streamer", logkey.Shard, cfg.Shard.ID()),
 		names: newNames(cfg.Shard),
 		reg:   pgvalue.NewRegistry(),
 		m:     m,

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 var errReaderDone = errors.New("replication reader stopped")
@@ -39,8 +41,8 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	if err != nil {
 		return fmt.Errorf("start replication on %s at %s: %w", pos.slot, pos.startLSN, err)
 	}
-	log := s.log.With("slot", pos.slot, "replicaVersion", pos.replicaVersion)
-	log.Info("streaming", "lsn", pos.startLSN, "seq", pub.lastSeq)
+	log := s.log.With(logkey.Slot, pos.slot, logkey.ReplicaVersion, pos.replicaVersion)
+	log.Info("streaming", logkey.LSN, pos.startLSN, logkey.Seq, pub.lastSeq)
 	rs.streamed = true
 
 	st := &status{conn: replConn}

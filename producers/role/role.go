@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -141,7 +142,7 @@ func Acquire(ctx context.Context, kv jetstream.KeyValue, cfg Config) (*Lease, er
 	l := &Lease{
 		cfg: cfg,
 		kv:  kv,
-		log: cfg.Logger.With("component", "producer-role"),
+		log: cfg.Logger.With(logkey.Component, "producer-role"),
 		rec: streams.Producer{TaskID: cfg.TaskID, Instance: hex.EncodeToString(nonce[:]), Started: time.Now()},
 	}
 	settle := time.Now().Add(settleTime)
@@ -191,13 +192,13 @@ func (l *Lease) take(ctx context.Context) (*streams.Producer, uint64, error) {
 func (l *Lease) logTaken(prev *streams.Producer) {
 	switch {
 	case prev == nil:
-		l.log.Info("took the producer role", "instance", l.rec.Instance)
+		l.log.Info("took the producer role", logkey.Instance, l.rec.Instance)
 	case prev.Expires.After(time.Now()):
 		l.log.Info("took the producer role over from a live change-streamer; it will stop",
-			"instance", l.rec.Instance, "previous_task_id", prev.TaskID, "previous_instance", prev.Instance)
+			logkey.Instance, l.rec.Instance, "previous_task_id", prev.TaskID, "previous_instance", prev.Instance)
 	default:
 		l.log.Info("took the producer role over from a stale holder",
-			"instance", l.rec.Instance, "previous_task_id", prev.TaskID, "previous_expired", prev.Expires)
+			logkey.Instance, l.rec.Instance, "previous_task_id", prev.TaskID, "previous_expired", prev.Expires)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/logkey"
 	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
@@ -140,7 +141,7 @@ func Logger() *slog.Logger {
 // StartReplica runs a replica consumer on file under taskID.
 func (e *Env) StartReplica(file, taskID string) *Running {
 	e.T.Helper()
-	c, err := replicator.New(replicator.Config{File: file, Shard: e.Shard, TaskID: taskID, Logger: Logger().With("task", taskID)}, e.JS)
+	c, err := replicator.New(replicator.Config{File: file, Shard: e.Shard, TaskID: taskID, Logger: Logger().With(logkey.TaskID, taskID)}, e.JS)
 	if err != nil {
 		e.T.Fatal(err)
 	}

@@ -155,6 +155,45 @@ func (r *transitionRig) checkNoClientNotFound(t *testing.T, names []string, mark
 	}
 }
 
+// transition is one transition of the replica as clients live it.
+type transition struct {
+	server string // where the clients connect
+	prefix string // names the clients <prefix>-{before,during,after}-*
+	// settle waits for the "before" clients' views before run; false
+	// when the server is not up yet.
+	settle bool
+	// run makes the transition, calling during where the "during"
+	// clients connect (it opens them and returns their names); the
+	// "after" clients connect once it returns.
+	run     func(t *testing.T, during func() []string)
+	rename  string        // the label's new name, written after it
+	timeout time.Duration // for every live view to equal Postgres after the write
+}
+
+// across runs tr with clients connected before, during and right after
+// it, then writes upstream and checks that every live client's view
+// equals Postgres and that none of these clients was told ClientNotFound.
+// It returns the "before" clients and the driver's mark, for a subtest's
+// checks of its own.
+func (r *transitionRig) across(t *testing.T, tr transition) (before []string, mark int) {
+	t.Helper()
+	mark = r.d.mark()
+	before = r.openClients(t, tr.server, tr.prefix+"-before")
+	if tr.settle {
+		r.waitViews(t, before, time.Now(), 30*time.Second)
+	}
+	var during []string
+	tr.run(t, func() []string {
+		during = r.openClients(t, tr.server, tr.prefix+"-during")
+		return during
+	})
+	after := r.openClients(t, tr.server, tr.prefix+"-after")
+	r.renameLabel(t, tr.rename)
+	r.waitViews(t, r.live(), time.Now(), tr.timeout)
+	r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+	return before, mark
+}
+
 // renameLabel changes a label upstream, so that the views must follow the
 // replica after a transition, not only hydrate.
 func (r *transitionRig) renameLabel(t *testing.T, name string) {
@@ -303,20 +342,18 @@ func TestTransitions(t *testing.T) {
 	// change-streamer, with clients connected before, while it is down and
 	// right after.
 	t.Run("NATSReconnect", func(t *testing.T) {
-		mark := r.d.mark()
-		before := r.openClients(t, vsB.url, "nats-before")
-		r.waitViews(t, before, time.Now(), 30*time.Second)
-		reconnects := countLogs(vsB.p, "nats reconnected")
-		c.ns.stop(syscall.SIGKILL)
-		during := r.openClients(t, vsB.url, "nats-during")
-		r.renameLabel(t, "while nats was down")
-		time.Sleep(time.Second)
-		c.ns.start()
-		polltest.Until(t, time.Minute, "vs-b to reconnect to nats", func() bool { return countLogs(vsB.p, "nats reconnected") > reconnects })
-		after := r.openClients(t, vsB.url, "nats-after")
-		r.renameLabel(t, "after nats came back")
-		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
-		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+		before, mark := r.across(t, transition{server: vsB.url, prefix: "nats", settle: true,
+			run: func(t *testing.T, during func() []string) {
+				reconnects := countLogs(vsB.p, "nats reconnected")
+				c.ns.stop(syscall.SIGKILL)
+				during()
+				r.renameLabel(t, "while nats was down")
+				time.Sleep(time.Second)
+				c.ns.start()
+				polltest.Until(t, time.Minute, "vs-b to reconnect to nats", func() bool { return countLogs(vsB.p, "nats reconnected") > reconnects })
+			},
+			rename: "after nats came back", timeout: 60 * time.Second,
+		})
 		// Nobody could take vs-b's groups over while NATS was away: it
 		// keeps them, and their clients are not sent away.
 		if n := countLogs(vsB.p, "cvr lease lost"); n > 0 {
@@ -339,19 +376,18 @@ func TestTransitions(t *testing.T) {
 	outer := t // vs-c outlives the subtest that starts it
 	t.Run("Restore", func(t *testing.T) {
 		polltest.Until(t, 2*time.Minute, "a restorable snapshot", func() bool { return countLogs(c.cs, "a restorable snapshot exists") > 0 })
-		mark := r.d.mark()
 		vsC = c.newViewSyncer(t, "vs-c")
-		before := r.openClients(t, vsC.url, "restore-before")
-		vsC.p = start(outer, vsC.env, "view-syncer")
-		during := r.openClients(t, vsC.url, "restore-during")
-		waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
-		if !hasLog(vsC.p, "snapshot restored; catching up from the change stream") {
-			t.Errorf("vs-c did not restore a snapshot")
-		}
-		after := r.openClients(t, vsC.url, "restore-after")
-		r.renameLabel(t, "after the restore")
-		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
-		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+		r.across(t, transition{server: vsC.url, prefix: "restore",
+			run: func(t *testing.T, during func() []string) {
+				vsC.p = start(outer, vsC.env, "view-syncer")
+				during()
+				waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
+				if !hasLog(vsC.p, "snapshot restored; catching up from the change stream") {
+					t.Errorf("vs-c did not restore a snapshot")
+				}
+			},
+			rename: "after the restore", timeout: 60 * time.Second,
+		})
 	})
 	if t.Failed() {
 		return
@@ -361,34 +397,32 @@ func TestTransitions(t *testing.T) {
 	// header is overwritten, and it starts again, drops the file and builds
 	// a new replica; its clients reconnect across it.
 	t.Run("CorruptReplica", func(t *testing.T) {
-		mark := r.d.mark()
-		before := r.openClients(t, vsC.url, "corrupt-before")
-		r.waitViews(t, before, time.Now(), 30*time.Second)
-		if code := vsC.p.stop(t, 30*time.Second); code != 0 {
-			t.Fatalf("vs-c exit code %d after SIGTERM", code)
-		}
-		file := filepath.Join(c.root, "vs-c", "view-syncer-replica.db")
-		f, err := os.OpenFile(file, os.O_WRONLY, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt([]byte("not a sqlite database, no"), 0); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-		vsC.p = start(outer, vsC.env, "view-syncer")
-		during := r.openClients(t, vsC.url, "corrupt-during")
-		waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
-		// With a snapshot to restore, the restore finds the file corrupt
-		// and replaces it; without, the replica moves it aside and is
-		// rebuilt from the stream.
-		if !hasLog(vsC.p, "deleting the local replica") && !hasLog(vsC.p, "replica file is corrupt: moved it aside; starting an empty replica, rebuilt from the change stream") {
-			t.Errorf("vs-c did not find its replica corrupt")
-		}
-		after := r.openClients(t, vsC.url, "corrupt-after")
-		r.renameLabel(t, "after the rebuild")
-		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
-		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+		r.across(t, transition{server: vsC.url, prefix: "corrupt", settle: true,
+			run: func(t *testing.T, during func() []string) {
+				if code := vsC.p.stop(t, 30*time.Second); code != 0 {
+					t.Fatalf("vs-c exit code %d after SIGTERM", code)
+				}
+				file := filepath.Join(c.root, "vs-c", "view-syncer-replica.db")
+				f, err := os.OpenFile(file, os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.WriteAt([]byte("not a sqlite database, no"), 0); err != nil {
+					t.Fatal(err)
+				}
+				f.Close()
+				vsC.p = start(outer, vsC.env, "view-syncer")
+				during()
+				waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
+				// With a snapshot to restore, the restore finds the file
+				// corrupt and replaces it; without, the replica moves it
+				// aside and is rebuilt from the stream.
+				if !hasLog(vsC.p, "deleting the local replica") && !hasLog(vsC.p, "replica file is corrupt: moved it aside; starting an empty replica, rebuilt from the change stream") {
+					t.Errorf("vs-c did not find its replica corrupt")
+				}
+			},
+			rename: "after the rebuild", timeout: 60 * time.Second,
+		})
 	})
 	if t.Failed() {
 		return
@@ -401,27 +435,24 @@ func TestTransitions(t *testing.T) {
 	// its clients across a newer replica (ClientNotFound is for an older
 	// one): they re-hydrate.
 	t.Run("Resync", func(t *testing.T) {
-		mark := r.d.mark()
-		before := r.openClients(t, vsB.url, "resync-before")
-		r.waitViews(t, before, time.Now(), 30*time.Second)
-		syncs := countLogs(vsB.p, "initial sync applied")
-		release := r.lockLabels(t)
-		r.app.exec(t, `ALTER TABLE comment ADD COLUMN "bad name" text`)
-		during := r.openClients(t, vsB.url, "resync-during")
-		for _, name := range during {
-			r.d.waitState(t, name, "connected", 30*time.Second)
-		}
-		if countLogs(vsB.p, "initial sync applied") > syncs {
-			t.Errorf("vs-b's replica was rebuilt while the lock held the resync's copy")
-		}
-		release()
-		released := time.Now()
-		polltest.Until(t, 2*time.Minute, "vs-b's replica to be rebuilt", func() bool { return countLogs(vsB.p, "initial sync applied") > syncs })
-		t.Logf("vs-b's replica rebuilt %v after the copy could run", time.Since(released).Round(time.Millisecond))
-		after := r.openClients(t, vsB.url, "resync-after")
-		r.renameLabel(t, "after the resync")
-		r.waitViews(t, r.live(), time.Now(), 60*time.Second)
-		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+		r.across(t, transition{server: vsB.url, prefix: "resync", settle: true,
+			run: func(t *testing.T, during func() []string) {
+				syncs := countLogs(vsB.p, "initial sync applied")
+				release := r.lockLabels(t)
+				r.app.exec(t, `ALTER TABLE comment ADD COLUMN "bad name" text`)
+				for _, name := range during() {
+					r.d.waitState(t, name, "connected", 30*time.Second)
+				}
+				if countLogs(vsB.p, "initial sync applied") > syncs {
+					t.Errorf("vs-b's replica was rebuilt while the lock held the resync's copy")
+				}
+				release()
+				released := time.Now()
+				polltest.Until(t, 2*time.Minute, "vs-b's replica to be rebuilt", func() bool { return countLogs(vsB.p, "initial sync applied") > syncs })
+				t.Logf("vs-b's replica rebuilt %v after the copy could run", time.Since(released).Round(time.Millisecond))
+			},
+			rename: "after the resync", timeout: 60 * time.Second,
+		})
 	})
 	if t.Failed() {
 		return
@@ -432,35 +463,33 @@ func TestTransitions(t *testing.T) {
 	// so that it must be rebuilt when it starts again: from the next
 	// snapshot of the current replica version.
 	t.Run("Gap", func(t *testing.T) {
-		mark := r.d.mark()
-		before := r.openClients(t, vsC.url, "gap-before")
-		r.waitViews(t, before, time.Now(), 30*time.Second)
-		if code := vsC.p.stop(t, 30*time.Second); code != 0 {
-			t.Fatalf("vs-c exit code %d after SIGTERM", code)
-		}
-		for i := range 3 {
-			r.renameLabel(t, fmt.Sprintf("during the gap %d", i))
-		}
-		// Through the stream once vs-b's clients see the last one.
-		r.waitViews(t, []string{"nats-before-legacy", "nats-before-synced"}, time.Now(), 30*time.Second)
-		ctx := context.Background()
-		stream, err := c.cvr.js.Stream(ctx, c.cvr.shard.ChangesStream())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := stream.Purge(ctx, jetstream.WithPurgeKeep(1)); err != nil {
-			t.Fatal(err)
-		}
-		during := r.openClients(t, vsC.url, "gap-during")
-		vsC.p = start(outer, vsC.env, "view-syncer")
-		waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
-		if !hasLog(vsC.p, "deleting the local replica") && !hasLog(vsC.p, "replica missed history; rebuilding it") {
-			t.Errorf("vs-c did not rebuild its replica after the gap")
-		}
-		after := r.openClients(t, vsC.url, "gap-after")
-		r.renameLabel(t, "after the gap")
-		r.waitViews(t, r.live(), time.Now(), 90*time.Second)
-		r.checkNoClientNotFound(t, append(append(before, during...), after...), mark)
+		r.across(t, transition{server: vsC.url, prefix: "gap", settle: true,
+			run: func(t *testing.T, during func() []string) {
+				if code := vsC.p.stop(t, 30*time.Second); code != 0 {
+					t.Fatalf("vs-c exit code %d after SIGTERM", code)
+				}
+				for i := range 3 {
+					r.renameLabel(t, fmt.Sprintf("during the gap %d", i))
+				}
+				// Through the stream once vs-b's clients see the last one.
+				r.waitViews(t, []string{"nats-before-legacy", "nats-before-synced"}, time.Now(), 30*time.Second)
+				ctx := context.Background()
+				stream, err := c.cvr.js.Stream(ctx, c.cvr.shard.ChangesStream())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := stream.Purge(ctx, jetstream.WithPurgeKeep(1)); err != nil {
+					t.Fatal(err)
+				}
+				during()
+				vsC.p = start(outer, vsC.env, "view-syncer")
+				waitHealthy(t, vsC.p, vsC.url, 2*time.Minute)
+				if !hasLog(vsC.p, "deleting the local replica") && !hasLog(vsC.p, "replica missed history; rebuilding it") {
+					t.Errorf("vs-c did not rebuild its replica after the gap")
+				}
+			},
+			rename: "after the gap", timeout: 90 * time.Second,
+		})
 	})
 }
 

@@ -64,8 +64,8 @@ func TestUntil_FailsAfterTimeout(t *testing.T) {
 	if want := "timed out after 200ms waiting for the moon"; msg != want {
 		t.Errorf("message %q; want %q", msg, want)
 	}
-	if took < 200*time.Millisecond {
-		t.Errorf("gave up after %s, before the timeout", took)
+	if took < 200*time.Millisecond || took > 300*time.Millisecond {
+		t.Errorf("gave up after %s; want just after the 200ms timeout", took)
 	}
 	// Pauses grow to a tenth of the time waited: about 25 checks in 200
 	// ms, not one per millisecond and not one in all.

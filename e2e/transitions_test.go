@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -97,14 +98,13 @@ func (r *transitionRig) close(t *testing.T, name string) {
 // waitViews waits until every named client's labels view is complete and
 // equals Postgres, for at most timeout, and returns how long after start
 // each did.
-// It fails for every client left behind, showing what it last had.
+// It fails naming every client left behind, with what it last had.
 func (r *transitionRig) waitViews(t *testing.T, names []string, start time.Time, timeout time.Duration) map[string]time.Duration {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
 	took := map[string]time.Duration{}
-	last := map[string]string{}
-	for {
+	polltest.UntilNil(t, timeout, "the clients' labels views to equal Postgres", func() error {
 		want := decodeJSON(t, sqlRows(t, r.app.pg, labelsSQL))
+		var behind []string
 		for _, name := range names {
 			if _, ok := took[name]; ok {
 				continue
@@ -112,30 +112,23 @@ func (r *transitionRig) waitViews(t *testing.T, names []string, start time.Time,
 			ev, ok := r.d.find(func(ev driverEvent) bool { return ev.Event == "rows" && ev.Client == name && ev.ID == "labels" })
 			switch {
 			case !ok:
-				last[name] = "no view yet"
+				behind = append(behind, "client "+name+": no view yet")
 			case !ev.Complete:
-				last[name] = fmt.Sprintf("%s view, %d bytes", ev.ResultType, len(ev.Rows))
+				behind = append(behind, fmt.Sprintf("client %s: %s view, %d bytes", name, ev.ResultType, len(ev.Rows)))
 			default:
 				if diff := cmp.Diff(want, decodeJSON(t, ev.Rows)); diff != "" {
-					last[name] = "complete but differs (-postgres +client):\n" + diff
+					behind = append(behind, "client "+name+": complete but differs (-postgres +client):\n"+diff)
 				} else {
 					took[name] = time.Since(start)
 				}
 			}
 		}
-		if len(took) == len(names) {
-			return took
+		if len(behind) > 0 {
+			return errors.New(strings.Join(behind, "\n"))
 		}
-		if time.Now().After(deadline) {
-			for _, name := range names {
-				if _, ok := took[name]; !ok {
-					t.Errorf("client %s: labels view not equal to Postgres after %s: %s", name, timeout, last[name])
-				}
-			}
-			t.FailNow()
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return took
 }
 
 // checkNoClientNotFound fails for a client that was told ClientNotFound

@@ -153,7 +153,9 @@ func (u *Update) ApplyPatch(clientID string, ops []PatchOp, clock float64) {
 				u.desires = append(u.desires, DesireKey{clientID, op.Hash})
 			}
 		case "clear":
-			for hash, d := range cl.Desired {
+			// In order, so that the delta's patches come in one order.
+			for _, hash := range sortedKeys(cl.Desired) {
+				d := cl.Desired[hash]
 				c.touchDesire(clientID, hash, d)
 				d.Cleared = true
 				if d.Active() {
@@ -180,8 +182,8 @@ func (u *Update) DeleteClient(id string, clock float64) {
 	if cl == nil || cl.Deleted {
 		return
 	}
-	for hash, d := range cl.Desired {
-		if d.Active() {
+	for _, hash := range sortedKeys(cl.Desired) {
+		if d := cl.Desired[hash]; d.Active() {
 			c.touchDesire(id, hash, d)
 			d.Inactive, d.InactiveAt, d.PatchVersion = true, clock, u.V()
 			u.desires = append(u.desires, DesireKey{id, hash})

@@ -2,7 +2,6 @@ package viewsyncer
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
@@ -10,22 +9,9 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
-	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/zql"
-	"github.com/jetsync/jetsync/consumers/zql/permissions"
 	"github.com/jetsync/jetsync/internal/logkey"
 )
-
-// partSize is how many patches go in one pokePart, as zero-cache flushes.
-const partSize = 100
-
-// lmidsQuery is the hash of the internal query for the group's rows of
-// <app>_<shard>.clients, which become lastMutationIDChanges.
-const lmidsQuery = "lmids"
-
-// mutationsQuery is the hash of the internal query for the group's rows of
-// <app>_<shard>.mutations, which become mutationsPatch.
-const mutationsQuery = "mutationResults"
 
 // group is a client group: its CVR, the pipelines that keep the CVR's got
 // queries up to date, and its connections. All its work is serialised by mu;
@@ -104,27 +90,6 @@ func (g *group) lock() func() {
 	return g.mu.Unlock
 }
 
-// pipeline is a got query's evaluation state: its view follows the
-// replica's changed rows, and re-hydrates only after a Reset, a schema or
-// rules change, or a gap in the changes it saw.
-type pipeline struct {
-	hash     string
-	internal bool
-	// custom pipelines run a synced query's AST as transformed.
-	custom bool
-	query  *zql.Query
-	view   *zql.View
-	schema *schema
-	// perms and authGen are what a legacy query was transformed with, and
-	// transformed the hash of the result: the AST actually run.
-	perms       *permissions.Rules
-	authGen     int
-	transformed string
-	tables      map[string]bool
-	// rows holds the IDs of the rows the query syncs.
-	rows map[string]struct{}
-}
-
 // update is a CVR update (cvrstore.Update) as the group builds it, with
 // the poke it streams meanwhile.
 type update struct {
@@ -164,19 +129,6 @@ func (g *group) sortedConns() []*conn {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].clientID < out[j].clientID })
 	return out
-}
-
-// changeSet is what the replica changed between two snapshots.
-type changeSet struct {
-	tables map[string]bool
-	rows   []zql.Change
-}
-
-func (cs *changeSet) add(rcs []replicator.RowChange) {
-	for _, rc := range rcs {
-		cs.tables[rc.Table] = true
-		cs.rows = append(cs.rows, zql.Change{Table: rc.Table, Old: rc.Old, New: rc.New})
-	}
 }
 
 // sync brings the pipelines in line with the CVR at snapshot snap: it
@@ -315,187 +267,10 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 	return g.flush(ctx, u)
 }
 
-// countReset counts a sync that re-hydrates the group's pipelines
-// (zero.sync.pipeline-resets): for a schema change, a rules change, or
-// changes it cannot follow (a truncation, a reset of the replica).
-func (g *group) countReset(snap *snapshot, all bool) {
-	reason := ""
-	for _, p := range g.pipelines {
-		switch {
-		case p.query != nil && p.schema != snap.schema:
-			reason = "schema-change"
-		case reason == "" && !p.internal && !p.custom && p.perms != snap.perms:
-			reason = "permissions-change"
-		}
-	}
-	if reason == "" && all && len(g.pipelines) > 0 {
-		reason = "truncation"
-	}
-	if reason != "" {
-		g.s.metrics.pipelineResets.WithLabelValues(reason).Inc()
-	}
-}
-
-// heldRows indexes, by query, the rows that got queries without a pipeline
-// hold in the CVR; nil when every got query has one.
-func (g *group) heldRows() map[string]map[string]struct{} {
-	need := false
-	for h, q := range g.cvr.Queries {
-		if _, ok := g.pipelines[h]; !ok && (q.Got || q.Internal) {
-			need = true
-			break
-		}
-	}
-	if !need {
-		return nil
-	}
-	held := map[string]map[string]struct{}{}
-	for id, rec := range g.cvr.Rows {
-		for h := range rec.Refs {
-			if _, ok := g.pipelines[h]; ok {
-				continue
-			}
-			if held[h] == nil {
-				held[h] = map[string]struct{}{}
-			}
-			held[h][id] = struct{}{}
-		}
-	}
-	return held
-}
-
 // replicaChanged is the error for a CVR built from a newer replica than
 // this one (docs/protocol.md §6.4): its rows cannot be caught up from it.
 func replicaChanged(cvrVersion, dbVersion string) *protocolError {
 	return newProtocolError(kindClientNotFound, "Cannot sync from older replica: CVR=%s, DB=%s", cvrVersion, dbVersion)
-}
-
-func (g *group) astOf(hash string) *zql.AST {
-	if q := g.cvr.Queries[hash]; q != nil {
-		return q.AST
-	}
-	return nil
-}
-
-// prepare (re)compiles p for snap when the schema, the read rules or the
-// group's claims changed since it last ran. A legacy query runs with the
-// rules injected and bound (docs/query-ast.md §1); internal queries run as
-// they are. rebuilt reports that p now runs a different AST, so its rows
-// must be re-hydrated.
-func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
-	fresh := p.query == nil || p.schema != snap.schema
-	if !fresh && !p.custom && (p.internal || p.perms == snap.perms && p.authGen == g.authGen) {
-		return false, nil
-	}
-	ast := g.astOf(p.hash)
-	if ast == nil {
-		return false, fmt.Errorf("query %s has no AST", p.hash)
-	}
-	if p.custom {
-		// Synced queries run as the API server transformed them, without
-		// the legacy read rules.
-		th := g.cvr.Queries[p.hash].TransformationHash
-		if !fresh && th == p.transformed {
-			return false, nil
-		}
-		p.transformed = th
-	} else if !p.internal {
-		perms := snap.perms
-		if perms == nil {
-			perms = permissions.None
-		}
-		ast = perms.Transform(ast, g.authData)
-		p.perms, p.authGen = snap.perms, g.authGen
-		th := permissions.TransformationHash(ast)
-		if !fresh && th == p.transformed {
-			return false, nil
-		}
-		p.transformed = th
-	}
-	q, err := zql.Compile(snap.schema.zql, ast)
-	if err != nil {
-		return false, err
-	}
-	p.query, p.view, p.schema, p.tables = q, q.NewView(), snap.schema, astTables(ast, nil)
-	return true, nil
-}
-
-func (g *group) removePipeline(u *update, p *pipeline) {
-	for id := range p.rows {
-		u.Release(id, p.hash)
-	}
-	delete(g.pipelines, p.hash)
-	u.Unget(p.hash)
-}
-
-// hydrate evaluates p on snap and moves the CVR's references to its new
-// result.
-// Rows are taken, and streamed, as the evaluation brings them.
-func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
-	now := make(map[string]struct{}, len(p.rows))
-	rowsRead, err := p.view.HydrateEach(ctx, snap.tx, func(r zql.RowValue) error {
-		id, key, err := rowID(r)
-		if err != nil {
-			return err
-		}
-		if _, dup := now[id]; dup {
-			return nil
-		}
-		now[id] = struct{}{}
-		return g.streamRow(u, id, u.Hold(id, key, p.hash, r))
-	})
-	if err != nil {
-		return fmt.Errorf("hydrate %s: %w", p.hash, err)
-	}
-	g.s.metrics.hydrations.Inc()
-	g.s.metrics.rowsRead.Add(float64(rowsRead))
-	for id := range p.rows {
-		if _, ok := now[id]; !ok {
-			u.Release(id, p.hash)
-		}
-	}
-	p.rows = now
-	return nil
-}
-
-// update moves p's view to snap, given the rows changed since its last
-// snapshot, and the CVR's references with it.
-func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeline, changes []zql.Change) error {
-	d, err := p.view.Update(ctx, snap.tx, changes)
-	if err != nil {
-		return fmt.Errorf("update %s: %w", p.hash, err)
-	}
-	g.s.metrics.rowsRead.Add(float64(d.RowsRead))
-	if d.Rehydrated {
-		g.s.metrics.fallbacks.Inc()
-	}
-	for _, table := range sortedKeys(d.Del) {
-		for _, r := range d.Del[table] {
-			id, _, err := rowID(r)
-			if err != nil {
-				return err
-			}
-			if _, ok := p.rows[id]; !ok {
-				continue
-			}
-			u.Release(id, p.hash)
-			delete(p.rows, id)
-		}
-	}
-	for _, table := range sortedKeys(d.Put.Values) {
-		for _, r := range d.Put.Values[table] {
-			id, key, err := rowID(r)
-			if err != nil {
-				return err
-			}
-			rec := u.Hold(id, key, p.hash, r)
-			p.rows[id] = struct{}{}
-			if err := g.streamRow(u, id, rec); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -529,55 +304,4 @@ func (g *group) reset(ctx context.Context) error {
 	g.pipelines = map[string]*pipeline{}
 	g.cold = false
 	return g.flush(ctx, &update{Update: g.cvr.ResetUpdate()})
-}
-
-// rowID is a row's identity in the CVR, its table and primary key, and
-// its key as canonical JSON, which the ID ends with.
-func rowID(r zql.RowValue) (id, key string, err error) {
-	var buf [64]byte
-	b := append(buf[:0], r.Table()...)
-	b = append(b, 0)
-	b, err = r.AppendKeyJSON(b)
-	if err != nil {
-		return "", "", fmt.Errorf("row key of %s: %w", r.Table(), err)
-	}
-	id = string(b)
-	return id, id[len(r.Table())+1:], nil
-}
-
-func intersects(a, b map[string]bool) bool {
-	for t := range b {
-		if a[t] {
-			return true
-		}
-	}
-	return false
-}
-
-// astTables adds the tables an AST reads to into.
-func astTables(a *zql.AST, into map[string]bool) map[string]bool {
-	if into == nil {
-		into = map[string]bool{}
-	}
-	if a == nil {
-		return into
-	}
-	into[a.Table] = true
-	for i := range a.Related {
-		astTables(a.Related[i].Subquery, into)
-	}
-	condTables(a.Where, into)
-	return into
-}
-
-func condTables(c *zql.Condition, into map[string]bool) {
-	if c == nil {
-		return
-	}
-	for i := range c.Conditions {
-		condTables(&c.Conditions[i], into)
-	}
-	if c.Related != nil {
-		astTables(c.Related.Subquery, into)
-	}
 }

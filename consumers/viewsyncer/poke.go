@@ -10,6 +10,9 @@ import (
 	"github.com/jetsync/jetsync/consumers/zql"
 )
 
+// partSize is how many patches go in one pokePart, as zero-cache flushes.
+const partSize = 100
+
 // rowPatch is one entry of a pokePart's rowsPatch: a put carries the row's
 // value, a del its key (canonical JSON).
 type rowPatch struct {

@@ -4,10 +4,13 @@
 // the SQLite replica that a replicator.Consumer keeps, and poking them as the
 // replica advances.
 //
-// Each client group has a CVR (consumers/cvrstore) and a set of pipelines
-// (group.go); all of a group's work is serialised by its lock. Run follows the
-// replica's subscription and advances every group; connections (conn.go)
-// drive the groups' config changes.
+// Each client group (group.go) has a CVR (consumers/cvrstore) and a set of
+// pipelines (pipeline.go); all of a group's work is serialised by its lock,
+// and locksordering.txt says how its lock nests with the others. Run
+// follows the replica's subscription and advances every group; the group's
+// life, from load to drop, is in lifecycle.go. Connections (conn.go) drive
+// the groups' config changes (handlers.go), and every poke is put together
+// in poke.go.
 package viewsyncer
 
 import (

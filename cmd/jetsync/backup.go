@@ -177,6 +177,7 @@ func (r *restoreFlags) restoreReplica(ctx context.Context, rl role, js jetstream
 		BuildFromStream: true,
 		PollInterval:    r.pollInterval,
 		Heartbeat:       r.heartbeat,
+		ProgressEvery:   rl.progressEvery,
 		ReservationTTL:  ttl,
 		Logger:          rl.log,
 		Registerer:      rl.metrics.For("restore"),

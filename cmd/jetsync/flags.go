@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/internal/progress"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -23,6 +24,9 @@ type roleFlags struct {
 	// keepaliveMs is zero-cache's ZERO_KEEPALIVE_TIMEOUT_MS; 0 turns the
 	// heartbeat monitor off.
 	keepaliveMs int
+	// progressEvery paces the progress lines of long copies: initial
+	// syncs, backfills and restores.
+	progressEvery time.Duration
 }
 
 func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault string) {
@@ -33,6 +37,7 @@ func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault 
 	fs.StringVar(&r.replicaFile, rf.flag, e.str(rf.env, ""), rf.usageText("; default <data-dir>/"+replicaDefault))
 	e.intVar(fs, &r.port, "ZERO_PORT", port)
 	e.intVar(fs, &r.keepaliveMs, "ZERO_KEEPALIVE_TIMEOUT_MS", 0)
+	e.durationVar(fs, &r.progressEvery, "JETSYNC_PROGRESS_INTERVAL", progress.DefaultInterval)
 }
 
 // listenHTTP binds the role's port; / answers OK once ready reports true.
@@ -52,6 +57,9 @@ func (r *roleFlags) validate() error {
 	}
 	if r.keepaliveMs < 0 {
 		return usageError("keepalive timeout %d ms is negative", r.keepaliveMs)
+	}
+	if r.progressEvery <= 0 {
+		return usageError("progress interval %s: must be positive", r.progressEvery)
 	}
 	return nil
 }

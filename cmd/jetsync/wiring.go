@@ -186,6 +186,8 @@ type role struct {
 	dataDir string
 	id      string
 	metrics *metricSet
+	// progressEvery paces long copies' progress lines.
+	progressEvery time.Duration
 }
 
 // start sets a role up from its flags: logger, shard, data directory and
@@ -209,6 +211,7 @@ func (r *roleFlags) start(ctx context.Context, stderr io.Writer) (role, context.
 	rl.log = log.With(logkey.TaskID, rl.id)
 	rl.log.Info("jetsync starting", readVersion().attrs()...)
 	rl.metrics = newMetricSet()
+	rl.progressEvery = r.progressEvery
 	ctx, stop := notifyContext(ctx, rl.log)
 	return rl, ctx, stop, nil
 }
@@ -230,13 +233,14 @@ func (rl role) replica(js jetstream.JetStream, file, name, component string) (*r
 // role's check, asked before each publish.
 func (u *upstreamFlags) source(rl role, upstream string, scfg streams.Config, js jetstream.JetStream, fence func() error) (*pgrepl.Source, error) {
 	return pgrepl.New(pgrepl.Config{
-		UpstreamURL:  upstream,
-		Shard:        rl.shard,
-		Publications: u.publicationList(),
-		Stream:       scfg,
-		CopyWorkers:  u.copyWorkers,
-		Logger:       rl.log,
-		Registerer:   rl.metrics.For("change-streamer"),
-		Fence:        fence,
+		UpstreamURL:   upstream,
+		Shard:         rl.shard,
+		Publications:  u.publicationList(),
+		Stream:        scfg,
+		CopyWorkers:   u.copyWorkers,
+		ProgressEvery: rl.progressEvery,
+		Logger:        rl.log,
+		Registerer:    rl.metrics.For("change-streamer"),
+		Fence:         fence,
 	}, js)
 }

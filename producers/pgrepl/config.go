@@ -44,7 +44,11 @@ type Config struct {
 	// CopyWorkers is the number of parallel COPY connections of an initial
 	// sync; zero means DefaultCopyWorkers.
 	CopyWorkers int
-	Logger      *slog.Logger
+	// ProgressEvery is how often an initial sync, or a table's copy after
+	// a schema change, logs its progress; zero means
+	// progress.DefaultInterval.
+	ProgressEvery time.Duration
+	Logger        *slog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
 	// Fence, when set, is called before each publish; an error stops the
@@ -75,6 +79,9 @@ func (c Config) Validate() error {
 	}
 	if c.CopyWorkers < 0 {
 		return errors.New("pgrepl: CopyWorkers must not be negative")
+	}
+	if c.ProgressEvery < 0 {
+		return errors.New("pgrepl: ProgressEvery must not be negative")
 	}
 	return nil
 }

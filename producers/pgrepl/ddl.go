@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/jetsync/jetsync/internal/logkey"
+	"github.com/jetsync/jetsync/internal/progress"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -509,6 +509,10 @@ func (d *decoder) backfill(ctx context.Context, bt *ddlTable, emit func(event) e
 	if d.conn == nil {
 		return errors.New("backfill without a connection")
 	}
+	name := t.spec.Schema + "." + t.spec.Name
+	prog := progress.NewCopy(d.log, d.progress, "backfill", d.progressEvery)
+	est := readEstimates(ctx, d.conn, d.log, t)[t.oid]
+	pt := prog.Add(name, est.rows, est.bytes)
 	tx, err := d.backfillSnapshot(ctx, bt)
 	if err != nil {
 		return err
@@ -521,8 +525,11 @@ func (d *decoder) backfill(ctx context.Context, bt *ddlTable, emit func(event) e
 		cols[i] = c.Name
 		colSize += jsonStringSize(c.Name) + 1
 	}
+	prog.Start()
+	defer prog.End()
+	pt.Begin()
 	w := &backfillWriter{
-		table: t, cols: cols, limit: backfillChunk,
+		table: t, cols: cols, limit: backfillChunk, progress: pt,
 		flush: func(rows [][]json.RawMessage) error {
 			size := changeOverhead + colSize
 			for _, r := range rows {
@@ -543,7 +550,7 @@ func (d *decoder) backfill(ctx context.Context, bt *ddlTable, emit func(event) e
 	if err := w.close(); err != nil {
 		return err
 	}
-	d.log.Info("backfilled", logkey.Table, t.spec.Schema+"."+t.spec.Name, "rows", w.total)
+	pt.Done("backfilled")
 	return nil
 }
 

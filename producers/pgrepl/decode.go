@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/progress"
 	"github.com/jetsync/jetsync/producers/pgvalue"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -89,6 +91,10 @@ type decoder struct {
 	// initial is set in degraded mode: Relation messages are checked
 	// against it.
 	initial *initialSchema
+
+	// progress and progressEvery report a backfill's progress.
+	progress      *progress.Metrics
+	progressEvery time.Duration
 }
 
 func newDecoder(shard streams.Shard, reg *pgvalue.Registry, conn *pgx.Conn, log *slog.Logger) *decoder {

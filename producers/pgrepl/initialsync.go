@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/jetsync/jetsync/internal/logkey"
+	"github.com/jetsync/jetsync/internal/progress"
 	"github.com/jetsync/jetsync/producers/pgvalue"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -80,7 +82,7 @@ func (s *Source) reset(ctx context.Context, conn *pgx.Conn, replConn *pgconn.PgC
 	if err != nil {
 		return pos, err
 	}
-	n, rows, err := s.copyTables(ctx, res.SnapshotName, up.publications, rv, pub)
+	n, rows, err := s.copyTables(ctx, conn, res.SnapshotName, up.publications, rv, pub)
 	if err != nil {
 		return pos, err
 	}
@@ -212,8 +214,8 @@ func dropSlot(ctx context.Context, conn *pgx.Conn, name string) error {
 
 // copyTables publishes the published tables as of the snapshot, as parts
 // 1..n-1 of the initial sync at watermark rv. It returns n and the rows
-// copied.
-func (s *Source) copyTables(ctx context.Context, snapshot string, pubs []string, rv string, pub *publisher) (int, int, error) {
+// copied. conn, outside the snapshot, reads Postgres's size estimates.
+func (s *Source) copyTables(ctx context.Context, conn *pgx.Conn, snapshot string, pubs []string, rv string, pub *publisher) (int, int, error) {
 	first, err := snapshotConn(ctx, s.cfg.UpstreamURL, snapshot)
 	if err != nil {
 		return 0, 0, err
@@ -228,6 +230,14 @@ func (s *Source) copyTables(ctx context.Context, snapshot string, pubs []string,
 	if err != nil {
 		return 0, 0, err
 	}
+	prog := progress.NewCopy(s.log, s.m.initialSync, "initial sync", s.cfg.ProgressEvery)
+	est := readEstimates(ctx, conn, s.log, tables...)
+	for _, t := range tables {
+		e := est[t.oid]
+		t.progress = prog.Add(t.spec.Schema+"."+t.spec.Name, e.rows, e.bytes)
+	}
+	prog.Start()
+	defer prog.End()
 	for len(conns) < min(s.cfg.CopyWorkers, len(tables)) {
 		c, err := snapshotConn(ctx, s.cfg.UpstreamURL, snapshot)
 		if err != nil {
@@ -340,8 +350,9 @@ func (s *Source) copyTable(ctx context.Context, conn *pgx.Conn, t *publishedTabl
 		colSize += jsonStringSize(c.Name) + 1
 	}
 	limit := msgLimit - partOverhead - changeOverhead - colSize
+	t.progress.Begin()
 	w := &backfillWriter{
-		table: t, cols: cols, limit: limit,
+		table: t, cols: cols, limit: limit, progress: t.progress,
 		flush: func(rows [][]json.RawMessage) error {
 			c := streams.Change{Op: streams.OpBackfill, Columns: cols, Rows: rows}
 			if len(rows) > 1 || backfillRowSize(rows[0]) <= limit {
@@ -380,6 +391,7 @@ func (s *Source) copyTable(ctx context.Context, conn *pgx.Conn, t *publishedTabl
 			return 0, err
 		}
 	}
+	t.progress.Done("table copied")
 	return w.total, nil
 }
 
@@ -390,6 +402,8 @@ type backfillWriter struct {
 	cols  []string
 	limit int
 	flush func([][]json.RawMessage) error
+	// progress, if set, counts the rows and bytes read.
+	progress *progress.Table
 
 	partial []byte // an incomplete line carried to the next Write
 	fields  [][]byte
@@ -403,6 +417,9 @@ type backfillWriter struct {
 
 func (w *backfillWriter) Write(p []byte) (int, error) {
 	n := len(p)
+	if w.progress != nil {
+		defer func(rows int) { w.progress.Add(int64(w.total-rows), int64(n)) }(w.total)
+	}
 	if len(w.partial) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
@@ -489,4 +506,46 @@ func (w *backfillWriter) close() error {
 		return w.emit()
 	}
 	return nil
+}
+
+// estimate is Postgres's idea of a table's rows and size on disk, summed
+// over its partitions (or children); zero where it has none (a table never
+// analyzed).
+type estimate struct{ rows, bytes int64 }
+
+// readEstimates reads the estimates of tables on conn, which must not be in
+// a transaction that a failure would abort. They only feed progress
+// reports: a failure is logged, and the copy goes on without them.
+func readEstimates(ctx context.Context, conn *pgx.Conn, log *slog.Logger, tables ...*publishedTable) map[uint32]estimate {
+	oids := make([]int64, len(tables))
+	for i, t := range tables {
+		oids[i] = int64(t.oid)
+	}
+	out := make(map[uint32]estimate, len(tables))
+	rows, err := conn.Query(ctx, `WITH RECURSIVE tree (root, rel) AS (
+			SELECT id::oid, id::oid FROM unnest($1::int8[]) AS id
+			UNION ALL
+			SELECT tree.root, i.inhrelid FROM tree JOIN pg_inherits i ON i.inhparent = tree.rel)
+		SELECT tree.root::int8,
+			COALESCE(SUM(GREATEST(c.reltuples, 0)) FILTER (WHERE c.relkind = 'r'), 0)::int8,
+			COALESCE(SUM(pg_table_size(c.oid)) FILTER (WHERE c.relkind = 'r'), 0)::int8
+		FROM tree JOIN pg_class c ON c.oid = tree.rel
+		GROUP BY tree.root`, oids)
+	if err == nil {
+		for rows.Next() {
+			var oid, n, size int64
+			if err = rows.Scan(&oid, &n, &size); err != nil {
+				break
+			}
+			out[uint32(oid)] = estimate{n, size}
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil && ctx.Err() == nil {
+		log.Warn("no row and size estimates for progress reports", "err", err)
+	}
+	return out
 }

@@ -1,12 +1,18 @@
 package pgrepl
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetsync/jetsync/internal/progress"
+)
 
 type metrics struct {
 	transactions prometheus.Counter
 	changes      prometheus.Counter
 	lastSeq      prometheus.Gauge
 	confirmed    prometheus.Gauge
+	// initialSync and backfill are the copies' progress.
+	initialSync, backfill *progress.Metrics
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -27,6 +33,13 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "jetsync_producer_confirmed_lsn",
 			Help: "LSN confirmed to the upstream replication slot.",
 		}),
+	}
+	var err error
+	if m.initialSync, err = progress.NewMetrics(r, "jetsync_initial_sync", "the initial sync"); err != nil {
+		return nil, err
+	}
+	if m.backfill, err = progress.NewMetrics(r, "jetsync_backfill", "the copy of a table after a schema change"); err != nil {
+		return nil, err
 	}
 	if r != nil {
 		for _, c := range []prometheus.Collector{m.transactions, m.changes, m.lastSeq, m.confirmed} {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/progress"
 	"github.com/jetsync/jetsync/producers/pgvalue"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -20,6 +21,8 @@ type publishedTable struct {
 	indexes []streams.IndexSpec
 	// filter is the publications' row filter, "" for none.
 	filter string
+	// progress reports the table's copy, when one is under way.
+	progress *progress.Table
 }
 
 // readSchema reads the tables the publications publish, with their columns,

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/internal/logkey"
+	"github.com/jetsync/jetsync/internal/progress"
 	"github.com/jetsync/jetsync/producers/pgvalue"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -44,6 +45,9 @@ func New(cfg Config, js jetstream.JetStream) (*Source, error) {
 	}
 	if cfg.CopyWorkers == 0 {
 		cfg.CopyWorkers = DefaultCopyWorkers
+	}
+	if cfg.ProgressEvery == 0 {
+		cfg.ProgressEvery = progress.DefaultInterval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -54,6 +54,7 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	dec := newDecoder(s.cfg.Shard, s.reg, conn, log)
 	dec.resumeWM, dec.resumePartial = pos.resumeWM, pos.partial()
 	dec.initial = pos.initial
+	dec.progress, dec.progressEvery = s.m.backfill, s.cfg.ProgressEvery
 	g.Go(func() error {
 		defer close(events)
 		return s.read(rctx, replConn, dec, events, st, idle)

@@ -76,13 +76,23 @@ func seedBench(t *testing.T, url string, issues int) {
 // schema change that copies a table again, with a short progress interval:
 // each table's lines count its rows up to the table's row count, with a
 // rate and an ETA, and end with a line saying it is done; the metrics agree.
-// PROGRESS_ISSUES sets the dataset's size (seed.sh ISSUES).
+// PROGRESS_ISSUES sets the dataset's size (seed.sh ISSUES), and
+// PROGRESS_INTERVAL the interval.
 func TestSource_Progress(t *testing.T) {
 	issues := 20000
 	if s := os.Getenv("PROGRESS_ISSUES"); s != "" {
 		var err error
 		if issues, err = strconv.Atoi(s); err != nil {
 			t.Fatalf("PROGRESS_ISSUES=%q: %v", s, err)
+		}
+	}
+	// The copy takes well under a second here: lines every 25ms show it
+	// under way.
+	every := 25 * time.Millisecond
+	if s := os.Getenv("PROGRESS_INTERVAL"); s != "" {
+		var err error
+		if every, err = time.ParseDuration(s); err != nil {
+			t.Fatalf("PROGRESS_INTERVAL=%q: %v", s, err)
 		}
 	}
 	e := newEnv(t, "")
@@ -105,12 +115,10 @@ func TestSource_Progress(t *testing.T) {
 	})
 	reg := prometheus.NewRegistry()
 	src, err := pgrepl.New(pgrepl.Config{
-		UpstreamURL: e.url,
-		Shard:       shard,
-		CopyWorkers: 2,
-		// The copy takes well under a second here: lines every 25ms
-		// show it under way.
-		ProgressEvery: 25 * time.Millisecond,
+		UpstreamURL:   e.url,
+		Shard:         shard,
+		CopyWorkers:   2,
+		ProgressEvery: every,
 		Logger:        slog.New(slog.NewJSONHandler(logs, nil)),
 		Registerer:    reg,
 	}, e.js)
@@ -131,6 +139,9 @@ func TestSource_Progress(t *testing.T) {
 	t.Logf("initial sync of %d issues (%d rows): %s", issues, sum(counts), time.Since(start).Round(time.Millisecond))
 
 	lines := logs.lines(t, "initial sync progress", "table copied")
+	for _, l := range lines[:min(len(lines), 3)] {
+		t.Logf("%v", l)
+	}
 	checkProgress(t, "initial sync", lines, counts)
 	// The whole copy's lines count every table's rows.
 	whole := 0

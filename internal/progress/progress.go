@@ -72,6 +72,17 @@ func NewMetrics(reg prometheus.Registerer, prefix, what string) (*Metrics, error
 	return m, nil
 }
 
+// Forget drops the per-table estimates and ETAs of earlier copies, so that
+// a table no longer copied leaves none behind; the counters stay.
+func (m *Metrics) Forget() {
+	if m == nil {
+		return
+	}
+	m.estRows.Reset()
+	m.tableSize.Reset()
+	m.tableETA.Reset()
+}
+
 // Copy is one copy under way. Its tables are added before it starts;
 // workers report into them concurrently.
 type Copy struct {

@@ -106,4 +106,16 @@ func TestCopy(t *testing.T) {
 			t.Errorf("%s = %v; want %v", k, got[k], want)
 		}
 	}
+	m.Forget()
+	if mfs, err = reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if n := mf.GetName(); n == "test_copy_estimated_rows" || n == "test_copy_table_eta_seconds" {
+			t.Errorf("%s survives Forget", n)
+		}
+		if n := mf.GetName(); n == "test_copy_rows_total" && len(mf.GetMetric()) != 1 {
+			t.Errorf("Forget dropped the row counters")
+		}
+	}
 }

@@ -230,6 +230,7 @@ func (s *Source) copyTables(ctx context.Context, conn *pgx.Conn, snapshot string
 	if err != nil {
 		return 0, 0, err
 	}
+	s.m.initialSync.Forget() // a new initial sync replaces every table
 	prog := progress.NewCopy(s.log, s.m.initialSync, "initial sync", s.cfg.ProgressEvery)
 	est := readEstimates(ctx, conn, s.log, tables...)
 	for _, t := range tables {

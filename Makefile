@@ -30,16 +30,41 @@ all: build
 # missing where GOFLAGS has -buildvcs=false or git can't read the checkout.
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +dirty)
 
-build:
+build: demo-web
 	$(GO) build -ldflags "-X main.buildRevision=$(REVISION)" -o $(BIN) ./cmd/jetsync
+
+# demo-web bundles the demo page (web/demo: the real Zero client in the
+# browser) with esbuild from npm into cmd/jetsync/demoweb, which the binary
+# embeds. Nothing of it is committed: a plain `go build` serves a note in
+# the page's place.
+DEMO_WEB := web/demo
+DEMO_OUT := cmd/jetsync/demoweb/demo.js
+.PHONY: demo-web
+demo-web: $(DEMO_OUT)
+$(DEMO_WEB)/node_modules/.ci-stamp: $(DEMO_WEB)/package-lock.json
+	cd $(DEMO_WEB) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+$(DEMO_OUT): $(DEMO_WEB)/node_modules/.ci-stamp $(wildcard $(DEMO_WEB)/src/*.ts) $(DEMO_WEB)/index.html $(DEMO_WEB)/demo.css $(DEMO_WEB)/build.mjs
+	cd $(DEMO_WEB) && node build.mjs
 
 run: pg-deps build
 	./$(BIN) run
 
 # deps installs what the tests need and a fresh machine lacks: Postgres 15
 # (the tests and the demo run their own clusters from its binaries), Node
-# 22 with the Zero client, and the nats CLI and jq for the CLI walkthrough.
-deps: pg-deps node-deps nats-cli
+# 22 with the Zero client, the nats CLI and jq for the CLI walkthrough, and
+# Debian's chromium for the demo page's browser test.
+deps: pg-deps node-deps nats-cli chromium-deps
+
+# chromium-deps installs Debian's chromium when it is missing: the browser
+# test (e2e/demo_browser_test.go) drives it headless.
+.PHONY: chromium-deps
+chromium-deps:
+	@if ! command -v chromium >/dev/null; then \
+		echo "installing chromium"; \
+		SUDO=; [ "$$(id -u)" -eq 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; \
+	fi
 
 # pg-deps installs Debian's postgresql-15 when its binaries are missing,
 # keeping the package from creating and starting a cluster of its own.

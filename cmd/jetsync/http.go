@@ -35,6 +35,9 @@ type httpServer struct {
 	// drain starts a graceful shutdown; nil: SIGTERM to this process, as
 	// zero-cache's heartbeat monitor does.
 	drain func()
+	// rootPage, when set before Run, answers a browser asking / for HTML
+	// (the demo page); every other GET / keeps the readiness answer.
+	rootPage http.Handler
 }
 
 // listenHTTP binds port at once, so that the address is known (port 0 picks a
@@ -46,7 +49,11 @@ func listenHTTP(port int, reg prometheus.Gatherer, log *slog.Logger) (*httpServe
 	}
 	mux := http.NewServeMux()
 	h := &httpServer{ln: ln, mux: mux, log: log}
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		if h.rootPage != nil && wantsHTML(r) {
+			h.rootPage.ServeHTTP(w, r)
+			return
+		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if ready := h.ready.Load(); ready != nil && !(*ready)() {
 			w.WriteHeader(http.StatusServiceUnavailable)

@@ -33,6 +33,7 @@ type runFlags struct {
 	restore    restoreFlags
 	natsListen string
 	demoPGPort int
+	demoPage   bool
 	pgBin      string
 }
 
@@ -44,6 +45,7 @@ func (c *runFlags) register(fs *flag.FlagSet, e *env) {
 	c.restore.register(fs, e, true)
 	e.strVar(fs, &c.natsListen, "JETSYNC_NATS_LISTEN", DefaultNATSListen)
 	e.intVar(fs, &c.demoPGPort, "JETSYNC_DEMO_PG_PORT", DefaultDemoPGPort)
+	e.boolVar(fs, &c.demoPage, "JETSYNC_DEMO_PAGE", false)
 	e.strVar(fs, &c.pgBin, "JETSYNC_PG_BIN", DefaultPGBin)
 }
 
@@ -127,6 +129,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		return err
 	}
 	defer h.Close()
+	if c.upstreamDB == "" || c.demoPage {
+		closeDemo, err := serveDemo(ctx, h, &c.auth, upstream, shard.ID(), c.upstreamDB == "", log)
+		if err != nil {
+			return err
+		}
+		defer closeDemo()
+	}
 	srv, closeSrv, err := newSyncServer(ctx, h, rl, js, file, cons, c.auth)
 	if err != nil {
 		return err

@@ -85,6 +85,9 @@ type demoPushFailed struct {
 // one that never arrived.
 var errOutOfOrder = errors.New("out of order mutation")
 
+// errNotCustom fails a push holding a CRUD mutation: the demo has none.
+var errNotCustom = errors.New("not a custom mutation")
+
 // errAlreadyProcessed answers a mutation pushed again after it committed.
 var errAlreadyProcessed = errors.New("mutation already processed")
 
@@ -133,8 +136,11 @@ func (d *demoAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		res, err := d.apply(ctx, push.ClientGroupID, m)
 		if err != nil {
 			reason := "database"
-			if errors.Is(err, errOutOfOrder) {
+			switch {
+			case errors.Is(err, errOutOfOrder):
 				reason = "oooMutation"
+			case errors.Is(err, errNotCustom):
+				reason = "internal"
 			}
 			d.log.Warn("demo api: push failed", "client_group", push.ClientGroupID, "mutation", m.ID, "err", err)
 			reply(failed(reason, err.Error(), ids[i:]))
@@ -151,7 +157,7 @@ func (d *demoAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (d *demoAPI) apply(ctx context.Context, group string, m demoMutation) (demoResult, error) {
 	res := demoResult{ID: demoMutationID{ClientID: m.ClientID, ID: m.ID}, Result: map[string]any{}}
 	if m.Type != "custom" {
-		return res, fmt.Errorf("mutation %d is %q, not custom", m.ID, m.Type)
+		return res, fmt.Errorf("%w: mutation %d is %q", errNotCustom, m.ID, m.Type)
 	}
 	var args json.RawMessage
 	if len(m.Args) > 0 {

@@ -22,8 +22,9 @@ const runSummary = `Run everything in one process: an embedded NATS server (JetS
 other consumers), the change-streamer from the upstream Postgres, one SQLite
 replica, and the HTTP server: the Zero sync endpoint (/sync/v51/connect), /
 and /metrics. Without -upstream-db it starts
-a demo Postgres under <data-dir>/postgres, with a small schema and rows, and
-logs how to connect to it with psql.`
+a demo Postgres under <data-dir>/postgres, with a small schema and rows,
+logs how to connect to it with psql, and serves the demo page (an issue
+tracker on the Zero client) at / to browsers.`
 
 type runFlags struct {
 	roleFlags

@@ -24,13 +24,7 @@ import (
 // its IndexedDB store and catches up. It saves docs/demo.png, which the
 // README shows.
 func TestDemo_Browser(t *testing.T) {
-	chrome, err := exec.LookPath("chromium")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("chromium missing under CI (make deps installs it): %v", err)
-		}
-		t.Skipf("chromium not installed (make deps installs it): %v", err)
-	}
+	chrome := chromiumPath(t)
 	bin := pgBin(t)
 	root := dataRoot(t)
 	dataDir := filepath.Join(root, "data")
@@ -71,49 +65,12 @@ func TestDemo_Browser(t *testing.T) {
 		}
 	}
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome),
-		chromedp.NoSandbox, // root in CI
-		chromedp.WindowSize(1280, 800),
-		chromedp.Flag("disable-dev-shm-usage", true),
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	tabA, cancelA := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
-	defer cancelA()
-	tabB, cancelB := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
-	defer cancelB()
-
-	run := func(t *testing.T, tab context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(tab, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	// eval is one JS expression's value in a tab.
-	eval := func(tab context.Context, expr string) (any, error) {
-		c, cancel := context.WithTimeout(tab, 10*time.Second)
-		defer cancel()
-		return chromedp.Run(c, chromedp.Evaluate[any](expr))
-	}
-	// waitJS waits until expr is true in tab.
-	waitJS := func(t *testing.T, tab context.Context, name, what, expr string) {
-		t.Helper()
-		waitFor(t, 45*time.Second, name+": "+what, func() bool {
-			v, err := eval(tab, expr)
-			return err == nil && v == true
-		})
-	}
-	title := func(id string) string {
-		return `(document.querySelector('#issues li[data-id="` + id + `"] .title')?.textContent ?? null)`
-	}
+	tabs := openBrowserTabs(t, ctx, chrome, 2)
+	tabA, tabB := tabs[0], tabs[1]
+	run, waitJS, eval := browserDo, browserWait, browserEval
+	title := demoTitle
 	hasTitle := func(id, want string) string { return title(id) + ` === ` + strconv.Quote(want) }
-	openIDs := `Array.from(document.querySelectorAll('#issues li')).map(li => li.dataset.id).sort().join(',')`
+	openIDs := demoOpenIDs
 
 	run(t, tabA, "open tab A", chromedp.Navigate(pageURL))
 	run(t, tabB, "open tab B", chromedp.Navigate(pageURL))
@@ -214,3 +171,77 @@ func TestDemo_Browser(t *testing.T) {
 	})
 	t.Logf("browser test took %.1f s", time.Since(began).Seconds())
 }
+
+// chromiumPath is Debian's chromium: the test skips without it, but fails
+// under CI, where make deps installs it.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	chrome, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("chromium missing under CI (make deps installs it): %v", err)
+		}
+		t.Skipf("chromium not installed (make deps installs it): %v", err)
+	}
+	return chrome
+}
+
+// openBrowserTabs starts headless chromium and opens n tabs, each in a
+// browser context of its own: they share no storage, so what one shows of
+// another's edits came through the server.
+func openBrowserTabs(t *testing.T, ctx context.Context, chrome string, n int) []context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome),
+		chromedp.NoSandbox, // root in CI
+		chromedp.WindowSize(1280, 800),
+		chromedp.Flag("disable-dev-shm-usage", true),
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	t.Cleanup(cancelAlloc)
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancelBrowser)
+	if err := chromedp.Do(browser); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	var tabs []context.Context
+	for range n {
+		tab, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
+		t.Cleanup(cancel)
+		tabs = append(tabs, tab)
+	}
+	return tabs
+}
+
+// browserDo runs actions in a tab.
+func browserDo(t *testing.T, tab context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(tab, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// browserEval is one JS expression's value in a tab.
+func browserEval(tab context.Context, expr string) (any, error) {
+	c, cancel := context.WithTimeout(tab, 10*time.Second)
+	defer cancel()
+	return chromedp.Run(c, chromedp.Evaluate[any](expr))
+}
+
+// browserWait waits until expr is true in tab.
+func browserWait(t *testing.T, tab context.Context, name, what, expr string) {
+	t.Helper()
+	waitFor(t, 45*time.Second, name+": "+what, func() bool {
+		v, err := browserEval(tab, expr)
+		return err == nil && v == true
+	})
+}
+
+// demoTitle is the JS expression of an issue's title in the page's list
+// (null when the list does not show it).
+func demoTitle(id string) string {
+	return `(document.querySelector('#issues li[data-id="` + id + `"] .title')?.textContent ?? null)`
+}
+
+// demoOpenIDs is the JS expression of the listed issues' IDs, sorted.
+const demoOpenIDs = `Array.from(document.querySelectorAll('#issues li')).map(li => li.dataset.id).sort().join(',')`

@@ -15,6 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// demoMutatePath is the demo's push endpoint, in `jetsync run` and
+// `jetsync demo-api`.
+const demoMutatePath = "/demo/api/mutate"
+
 // TestDemo_PushEndpoint sends pushes, as the view-syncer forwards them, to
 // the push endpoint that `jetsync run` builds in for the demo page, and
 // checks it keeps zero's rules: one transaction per mutation with the

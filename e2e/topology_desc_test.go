@@ -104,6 +104,21 @@ func topologyServices() []topoService {
 		listens:   []int{4849},
 		dependsOn: []string{"postgres", "nats1", "nats2", "nats3"},
 	})
+	// The demo page's API server: the push endpoint of its custom mutators,
+	// which the view-syncers forward pushes to. It writes to the shard's
+	// tables, which the change-streamer creates.
+	svcs = append(svcs, topoService{
+		name: "demo-api", image: "jetsync", command: []string{"demo-api"},
+		env: map[string]string{
+			"ZERO_UPSTREAM_DB": "{upstream}",
+			"ZERO_PORT":        "{port:demo-api:4851}",
+			"JETSYNC_DATA_DIR": "{data}",
+			"ZERO_TASK_ID":     "demo-api",
+			"ZERO_LOG_FORMAT":  "json",
+		},
+		listens:   []int{4851},
+		dependsOn: []string{"change-streamer"},
+	})
 	for _, vs := range []string{"view-syncer-1", "view-syncer-2"} {
 		svcs = append(svcs, topoService{
 			name: vs, image: "jetsync", command: []string{"view-syncer"},
@@ -112,9 +127,12 @@ func topologyServices() []topoService {
 				"JETSYNC_ADVERTISE_ADDRESS": "ws://{addr:" + vs + ":4848}",
 				"JETSYNC_CVR_LEASE_TTL":     "5s",
 				"ZERO_AUTH_SECRET":          topoAuthSecret,
+				// The demo page at /demo, its pushes to demo-api.
+				"JETSYNC_DEMO_PAGE": "true",
+				"ZERO_MUTATE_URL":   "http://{addr:demo-api:4851}" + demoMutatePath,
 			}),
 			listens:   []int{4848},
-			dependsOn: []string{"change-streamer"},
+			dependsOn: []string{"change-streamer", "demo-api"},
 		})
 	}
 	svcs = append(svcs, topoService{

@@ -220,7 +220,7 @@ func (tp *topology) streamLeader() string {
 }
 
 // topologyAll is every service the processes run, in start order.
-var topologyAll = []string{"nats1", "nats2", "nats3", "change-streamer", "view-syncer-1", "view-syncer-2", "proxy"}
+var topologyAll = []string{"nats1", "nats2", "nats3", "change-streamer", "demo-api", "view-syncer-1", "view-syncer-2", "proxy"}
 
 // replicas are the topology's SQLite replicas.
 func (tp *topology) replicas() []string {

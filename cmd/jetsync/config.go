@@ -24,6 +24,7 @@ var roleFlagSets = map[string]func(*flag.FlagSet, *env){
 	"change-streamer": func(fs *flag.FlagSet, e *env) { new(changeStreamerFlags).register(fs, e) },
 	"replicator":      func(fs *flag.FlagSet, e *env) { new(consumerFlags).register(fs, e, replicatorRole) },
 	"view-syncer":     func(fs *flag.FlagSet, e *env) { new(consumerFlags).register(fs, e, viewSyncerRole) },
+	"demo-api":        func(fs *flag.FlagSet, e *env) { new(demoAPIFlags).register(fs, e) },
 }
 
 func cmdConfig(_ context.Context, args []string, stdout, _ io.Writer) error {

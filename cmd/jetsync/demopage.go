@@ -66,10 +66,9 @@ func wantsHTML(r *http.Request) bool {
 	return strings.Contains(r.Header.Get("Accept"), "text/html")
 }
 
-// serveDemo adds the demo page to h (at / too, for browsers, with the demo
-// upstream) and, unless ZERO_MUTATE_URL is set, the built-in push endpoint
-// for its custom mutators, pointing the view-syncer at it.
-func serveDemo(ctx context.Context, h *httpServer, a *syncFlags, upstream, shardSchema string, atRoot bool, log *slog.Logger) (func(), error) {
+// serveDemoPage adds the demo page to h: at /demo, and at / too (for
+// browsers) when atRoot.
+func serveDemoPage(h *httpServer, atRoot bool) {
 	page := demoPage()
 	// Exact patterns: "/demo/" would overlap the sync endpoint's
 	// "/{base}/sync/...".
@@ -79,6 +78,13 @@ func serveDemo(ctx context.Context, h *httpServer, a *syncFlags, upstream, shard
 	if atRoot {
 		h.rootPage = page
 	}
+}
+
+// serveDemo adds the demo page to h and, unless ZERO_MUTATE_URL is set, the
+// built-in push endpoint for its custom mutators against upstream,
+// pointing the view-syncer at it.
+func serveDemo(ctx context.Context, h *httpServer, a *syncFlags, upstream, shardSchema string, atRoot bool, log *slog.Logger) (func(), error) {
+	serveDemoPage(h, atRoot)
 	closeAPI := func() {}
 	if len(a.api.Mutate.URLs) == 0 {
 		api, err := newDemoAPI(ctx, upstream, shardSchema, log.With("component", "demo-api"))
@@ -89,14 +95,21 @@ func serveDemo(ctx context.Context, h *httpServer, a *syncFlags, upstream, shard
 		h.Handle("POST "+demoMutatePath, api)
 		a.api.Mutate.URLs = []string{fmt.Sprintf("http://127.0.0.1:%d%s", h.Port(), demoMutatePath)}
 	}
+	logDemoPage(h, a, atRoot, log)
+	return closeAPI, nil
+}
+
+func logDemoPage(h *httpServer, a *syncFlags, atRoot bool, log *slog.Logger) {
 	url := fmt.Sprintf("http://127.0.0.1:%d/", h.Port())
 	if !atRoot {
 		url += "demo"
 	}
-	if demoPageBuilt() {
-		log.Info("demo page: open it in a browser", "url", url, "mutate_url", a.api.Mutate.URLs[0])
-	} else {
+	switch {
+	case !demoPageBuilt():
 		log.Info("demo page not built (make build bundles it); its place holds a note", "url", url)
+	case len(a.api.Mutate.URLs) == 0:
+		log.Info("demo page: open it in a browser; its edits need ZERO_MUTATE_URL (jetsync demo-api serves one)", "url", url)
+	default:
+		log.Info("demo page: open it in a browser", "url", url, "mutate_url", a.api.Mutate.URLs[0])
 	}
-	return closeAPI, nil
 }

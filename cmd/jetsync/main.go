@@ -34,6 +34,7 @@ func commands() []command {
 		{"replay", "print history, or build a replica as of a point (--into)", cmdReplay},
 		{"backup", "backup now: ask the change-streamer for a snapshot", cmdBackup},
 		{"config", "print a role's effective settings and where each came from, secrets redacted", cmdConfig},
+		{"demo-api", "the demo page's API server alone: its custom mutators' push endpoint", cmdDemoAPI},
 		{"proxy", "a TCP round-robin proxy in front of view-syncers, for dev and demos", cmdProxy},
 		{"version", "print the version, revision, Go version and sync protocol versions", cmdVersion},
 	}

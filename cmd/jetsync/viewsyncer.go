@@ -40,6 +40,8 @@ type consumerFlags struct {
 	natsFlags
 	auth    syncFlags
 	restore restoreFlags
+	// demoPage serves the demo page at /demo (sync roles only).
+	demoPage bool
 }
 
 func (c *consumerFlags) register(fs *flag.FlagSet, e *env, r consumerRole) {
@@ -47,6 +49,7 @@ func (c *consumerFlags) register(fs *flag.FlagSet, e *env, r consumerRole) {
 	c.natsFlags.register(fs, e)
 	if r.sync {
 		c.auth.register(fs, e)
+		e.boolVar(fs, &c.demoPage, "JETSYNC_DEMO_PAGE", false)
 	}
 	c.restore.register(fs, e, false)
 }
@@ -86,6 +89,10 @@ func runConsumerRole(ctx context.Context, fs *flag.FlagSet, r consumerRole, args
 	defer h.Close()
 	stages := [][]component{append([]component{{r.name, cons.Run}}, endHold(rl, hold, cons)...), {{"http", h.Run}}}
 	if r.sync {
+		if c.demoPage {
+			serveDemoPage(h, false)
+			logDemoPage(h, &c.auth, false, log)
+		}
 		srv, closeSrv, err := newSyncServer(ctx, h, rl, js, file, cons, c.auth)
 		if err != nil {
 			return err

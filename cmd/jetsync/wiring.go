@@ -34,6 +34,8 @@ const (
 	DefaultPort       = 4848
 	DefaultPGBin      = "/usr/lib/postgresql/15/bin"
 	DefaultDemoPGPort = 5433
+	// DefaultDemoAPIPort is jetsync demo-api's, after the roles' 4848-4850.
+	DefaultDemoAPIPort = 4851
 )
 
 // prepareDataDir creates the data directory. Mode 0755 rather than 0700: the

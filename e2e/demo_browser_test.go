@@ -13,6 +13,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // TestDemo_Browser opens the demo page that `jetsync run` serves with its demo
@@ -46,7 +48,7 @@ func TestDemo_Browser(t *testing.T) {
 		t.Fatalf("demo page at %q; want / of the HTTP port, %q", pageURL, want)
 	}
 	// Readiness keeps its plain answer for everything but a browser.
-	waitFor(t, 90*time.Second, "GET / to answer 200 OK", func() bool {
+	polltest.Until(t, 90*time.Second, "GET / to answer 200 OK", func() bool {
 		body, code := get(t, pageURL)
 		return code == 200 && body == "OK"
 	})
@@ -231,7 +233,7 @@ func browserEval(tab context.Context, expr string) (any, error) {
 // browserWait waits until expr is true in tab.
 func browserWait(t *testing.T, tab context.Context, name, what, expr string) {
 	t.Helper()
-	waitFor(t, 45*time.Second, name+": "+what, func() bool {
+	polltest.Until(t, 45*time.Second, name+": "+what, func() bool {
 		v, err := browserEval(tab, expr)
 		return err == nil && v == true
 	})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/jetsync/jetsync/internal/polltest"
 )
 
 // demoMutatePath is the demo's push endpoint, in `jetsync run` and
@@ -43,7 +45,7 @@ func TestDemo_PushEndpoint(t *testing.T) {
 	mutateURL := str(t, srv.logRecord(t, "demo page: open it in a browser", 30*time.Second), "mutate_url")
 	httpPort := int(srv.logRecord(t, "http listening", 30*time.Second)["port"].(float64))
 	// The shard's tables exist once the change-streamer set the upstream up.
-	waitFor(t, 90*time.Second, "GET / to answer 200", func() bool {
+	polltest.Until(t, 90*time.Second, "GET / to answer 200", func() bool {
 		_, code := get(t, fmt.Sprintf("http://127.0.0.1:%d/", httpPort))
 		return code == http.StatusOK
 	})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // demoMutatePath is where `jetsync run` serves the demo app's push endpoint:
@@ -142,7 +144,7 @@ func (d *demoAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			case errors.Is(err, errNotCustom):
 				reason = "internal"
 			}
-			d.log.Warn("demo api: push failed", "client_group", push.ClientGroupID, "mutation", m.ID, "err", err)
+			d.log.Warn("demo api: push failed", logkey.ClientGroup, push.ClientGroupID, "mutation", m.ID, "err", err)
 			reply(failed(reason, err.Error(), ids[i:]))
 			return
 		}

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // demoWeb holds the demo page when `make` has bundled web/demo into
@@ -87,7 +89,7 @@ func serveDemo(ctx context.Context, h *httpServer, a *syncFlags, upstream, shard
 	serveDemoPage(h, atRoot)
 	closeAPI := func() {}
 	if len(a.api.Mutate.URLs) == 0 {
-		api, err := newDemoAPI(ctx, upstream, shardSchema, log.With("component", "demo-api"))
+		api, err := newDemoAPI(ctx, upstream, shardSchema, log.With(logkey.Component, "demo-api"))
 		if err != nil {
 			return nil, err
 		}

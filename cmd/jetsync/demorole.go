@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 const demoAPISummary = `Run the demo page's API server alone: the push endpoint (/demo/api/mutate)
@@ -36,7 +38,7 @@ func cmdDemoAPI(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if c.upstreamDB == "" {
 		return usageError("jetsync demo-api needs ZERO_UPSTREAM_DB (-upstream-db)")
 	}
-	api, err := newDemoAPI(ctx, c.upstreamDB, rl.shard.ID(), rl.log.With("component", "demo-api"))
+	api, err := newDemoAPI(ctx, c.upstreamDB, rl.shard.ID(), rl.log.With(logkey.Component, "demo-api"))
 	if err != nil {
 		return err
 	}

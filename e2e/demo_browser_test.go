@@ -123,6 +123,13 @@ func TestDemo_Browser(t *testing.T) {
 		sqlExec(t, `UPDATE issue SET title = 'Updated by SQL', modified = $1 WHERE id = 'i2'`, float64(time.Now().UnixMilli()))
 		waitJS(t, tabA, "tab A", "the SQL update", hasTitle("i2", "Updated by SQL"))
 		waitJS(t, tabB, "tab B", "the SQL update", hasTitle("i2", "Updated by SQL"))
+		// An insert shows in both; the time is an upper bound (the test
+		// polls each tab in turn).
+		committed := time.Now()
+		sqlExec(t, `INSERT INTO issue (id, title, open, modified, owner_id, created) VALUES ('s1', 'Inserted by SQL', true, $1, 'u3', now())`, float64(time.Now().UnixMilli()))
+		waitJS(t, tabA, "tab A", "the SQL insert", hasTitle("s1", "Inserted by SQL"))
+		waitJS(t, tabB, "tab B", "the SQL insert", hasTitle("s1", "Inserted by SQL"))
+		t.Logf("an SQL insert showed in both tabs within %v of its commit", time.Since(committed).Round(time.Millisecond))
 		// Closing an issue in SQL takes it off both open lists.
 		sqlExec(t, `UPDATE issue SET open = false WHERE id = 'i4'`)
 		waitJS(t, tabA, "tab A", "i4 closed", title("i4")+` === null`)
@@ -157,7 +164,7 @@ func TestDemo_Browser(t *testing.T) {
 		waitJS(t, tabA, "tab A", "the filtered list", openIDs+` === 'i1,i2'`)
 		waitJS(t, tabA, "tab A", "the filter cleared", `(f => { f.value = ''; f.dispatchEvent(new Event('input')); return true })(document.querySelector('#filter'))`)
 		run(t, tabA, "show closed issues", chromedp.Click(chromedp.CSS(`#closed`)))
-		waitJS(t, tabA, "tab A", "closed issues listed too", `document.querySelectorAll('#issues li').length === 5 && document.querySelectorAll('#issues li.closed').length === 3`)
+		waitJS(t, tabA, "tab A", "closed issues listed too", `document.querySelectorAll('#issues li').length === 6 && document.querySelectorAll('#issues li.closed').length === 3`)
 		run(t, tabA, "select i1 in tab A", chromedp.Click(chromedp.CSS(`#issues li[data-id="i1"]`)))
 		waitJS(t, tabA, "tab A", "i1 shown with its comments", `document.querySelectorAll('#comments li').length === 3`)
 		png, err := chromedp.Run(tabA, chromedp.CaptureScreenshot())

@@ -7,13 +7,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/jetsync/jetsync/internal/pgtest"
 	"github.com/jetsync/jetsync/internal/polltest"
 )
 
@@ -162,4 +166,79 @@ func TestDemo_PushEndpoint(t *testing.T) {
 		}
 	}
 	check("lastMutationID after the bad pushes", lmid(), int64(4))
+}
+
+// TestDemo_RealUpstream runs `jetsync run` against a Postgres of its own
+// holding the demo schema, with JETSYNC_DEMO_PAGE: / stays the readiness
+// check even for a browser, as in zero-cache, the page answers at /demo,
+// and its built-in push endpoint writes to that upstream.
+func TestDemo_RealUpstream(t *testing.T) {
+	pgBin(t)
+	demoSQL, err := os.ReadFile(filepath.Join("..", "cmd", "jetsync", "demo.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := pgtest.NewDB(t, pgtest.Start(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pg, err := pgx.Connect(ctx, upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close(context.WithoutCancel(ctx))
+	if _, err := pg.Exec(ctx, string(demoSQL)+readCompose(t).Configs["demo-permissions"].Content); err != nil {
+		t.Fatalf("load the demo: %v", err)
+	}
+	port := freePort(t)
+	srv := start(t, []string{
+		"JETSYNC_DATA_DIR=" + filepath.Join(t.TempDir(), "data"),
+		"ZERO_UPSTREAM_DB=" + upstream,
+		"ZERO_PORT=" + strconv.Itoa(port),
+		"JETSYNC_NATS_LISTEN=",
+		"JETSYNC_DEMO_PAGE=true",
+		"ZERO_LOG_FORMAT=json",
+	}, "run")
+	rec := srv.logRecord(t, "demo page: open it in a browser", 60*time.Second)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	if got := str(t, rec, "url"); got != base+"/demo" {
+		t.Errorf("demo page logged at %q; want %q", got, base+"/demo")
+	}
+	waitHealthy(t, srv, base, 90*time.Second)
+
+	get := func(path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", base+path, nil)
+		req.Header.Set("Accept", "text/html,*/*;q=0.8")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/"); code != 200 || body != "OK" {
+		t.Errorf("GET / from a browser with a real upstream = %d %.60q; want the readiness answer 200 OK", code, body)
+	}
+	if code, body := get("/demo"); code != 200 || !strings.Contains(body, "/demo/demo.js") {
+		t.Errorf("GET /demo = %d %.60q; want the page", code, body)
+	}
+
+	now := float64(time.Now().UnixMilli())
+	b, _ := json.Marshal(map[string]any{"clientGroupID": "cg1", "pushVersion": 1, "timestamp": 1, "requestID": "r1",
+		"mutations": []any{map[string]any{"type": "custom", "id": 1, "clientID": "c1", "name": "comment.add",
+			"args": []any{map[string]any{"id": "cx", "issue_id": "i3", "body": "pushed", "created": now}}, "timestamp": 1}}})
+	resp, err := http.Post(str(t, rec, "mutate_url")+"?schema=zero_0&appID=zero", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(out), `"kind":"MutateResponse"`) || strings.Contains(string(out), `"error"`) {
+		t.Errorf("push answered %s; want the mutation applied", out)
+	}
+	var body string
+	if err := pg.QueryRow(ctx, `SELECT body FROM comment WHERE id = 'cx'`).Scan(&body); err != nil || body != "pushed" {
+		t.Errorf("comment cx = %q, %v; want the pushed row upstream", body, err)
+	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,8 +24,8 @@ import (
 // browser context so that nothing is shared but the server: an edit in one
 // (a custom mutator, run by the built-in push endpoint) shows in the other,
 // an SQL update shows in both, and a tab that left and came back starts from
-// its IndexedDB store and catches up. It saves docs/demo.png, which the
-// README shows.
+// its IndexedDB store and catches up. It takes the screenshot the README
+// shows, and saves it as docs/demo.png with -update-screenshot.
 func TestDemo_Browser(t *testing.T) {
 	chrome := chromiumPath(t)
 	bin := pgBin(t)
@@ -174,12 +175,21 @@ func TestDemo_Browser(t *testing.T) {
 		if len(png) < 8 || !strings.HasPrefix(string(png), "\x89PNG") {
 			t.Fatalf("screenshot is not a PNG (%d bytes)", len(png))
 		}
-		if err := os.WriteFile(filepath.Join("..", "docs", "demo.png"), png, 0o644); err != nil {
+		// The README's copy is rewritten only when asked, so that a test
+		// run leaves the checkout as it found it.
+		out := filepath.Join(t.TempDir(), "demo.png")
+		if *updateScreenshot {
+			out = filepath.Join("..", "docs", "demo.png")
+		}
+		if err := os.WriteFile(out, png, 0o644); err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("screenshot: %s", out)
 	})
 	t.Logf("browser test took %.1f s", time.Since(began).Seconds())
 }
+
+var updateScreenshot = flag.Bool("update-screenshot", false, "rewrite docs/demo.png from TestDemo_Browser")
 
 // chromiumPath is Debian's chromium: the test skips without it, but fails
 // under CI, where make deps installs it.

@@ -28,11 +28,13 @@ type Rules struct {
 	// selects holds each table's row.select conditions; a table that is
 	// missing, or has an empty list, denies every row.
 	selects map[string][]zql.Condition
+	// writes holds each table's write policies (write.go).
+	writes map[string]writeRules
 }
 
 // None is what the server enforces while nothing is deployed: every table
 // denies. Load returns this very pointer whenever nothing is deployed.
-var None = &Rules{selects: map[string][]zql.Condition{}}
+var None = &Rules{selects: map[string][]zql.Condition{}, writes: map[string]writeRules{}}
 
 // permissionsConfig is the compiled rules' JSON schema
 // (zero-schema/src/compiled-permissions.ts), decoded strictly.
@@ -95,8 +97,16 @@ func Parse(raw string) (*Rules, error) {
 		return nil, fmt.Errorf("Could not parse upstream permissions: '%s'. This may happen if Permissions with a new internal format are deployed before the supporting server has been fully rolled out: %w",
 			truncate(raw, 100), err)
 	}
-	p := &Rules{raw: raw, selects: map[string][]zql.Condition{}}
+	p := &Rules{raw: raw, selects: map[string][]zql.Condition{}, writes: map[string]writeRules{}}
 	for table, tr := range cfg.Tables {
+		w := writeRules{cells: map[string]writePolicies{}}
+		for col, a := range tr.Cell {
+			w.cells[col] = newWritePolicies(a)
+		}
+		if tr.Row != nil {
+			w.row = newWritePolicies(*tr.Row)
+		}
+		p.writes[table] = w
 		if tr.Row == nil {
 			continue
 		}

@@ -137,6 +137,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		defer closeDemo()
 	}
+	c.auth.crud.upstreamDB = upstream
 	srv, closeSrv, err := newSyncServer(ctx, h, rl, js, file, cons, c.auth)
 	if err != nil {
 		return err

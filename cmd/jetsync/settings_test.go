@@ -143,10 +143,10 @@ func TestRefusedSettings(t *testing.T) {
 	}{
 		{"change-streamer URI without NATS", []string{"view-syncer"}, map[string]string{"ZERO_CHANGE_STREAMER_URI": "ws://cs:4849"}, "ZERO_CHANGE_STREAMER_URI is set, and jetsync view-syncer can't honour it: replicators and view-syncers read the change stream from NATS"},
 		{"shard id", []string{"replicator"}, map[string]string{"ZERO_SHARD_ID": "x"}, "ZERO_SHARD_ID is set"},
-		{"crud mutations on", []string{"view-syncer", "-nats-url", "nats://127.0.0.1:1"}, map[string]string{"ZERO_ENABLE_CRUD_MUTATIONS": "true"}, "legacy CRUD mutations are not applied"},
+		{"crud mutations not a boolean", []string{"view-syncer", "-nats-url", "nats://127.0.0.1:1"}, map[string]string{"ZERO_ENABLE_CRUD_MUTATIONS": "maybe"}, `ZERO_ENABLE_CRUD_MUTATIONS="maybe": not a boolean`},
 		{"auto reset off", []string{"change-streamer", "-upstream-db", "postgres://127.0.0.1:1/db", "-nats-url", "nats://127.0.0.1:1", "-port", "0"}, map[string]string{"ZERO_AUTO_RESET": "false"}, "ZERO_AUTO_RESET is set"},
 		{"no sync workers", []string{"run", "-upstream-db", "postgres://127.0.0.1:1/db", "-nats-listen", "", "-port", "0"}, map[string]string{"ZERO_NUM_SYNC_WORKERS": "0"}, "replication-manager: run jetsync change-streamer"},
-		{"mutation limit", []string{"view-syncer"}, map[string]string{"ZERO_PER_USER_MUTATION_LIMIT_MAX": "10", "JETSYNC_NATS_URL": "nats://127.0.0.1:1"}, "not rate-limited"},
+		{"negative mutation limit", []string{"view-syncer"}, map[string]string{"ZERO_PER_USER_MUTATION_LIMIT_MAX": "-1", "JETSYNC_NATS_URL": "nats://127.0.0.1:1"}, "ZERO_PER_USER_MUTATION_LIMIT_MAX=-1: must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -176,7 +176,7 @@ func TestSettingNotes(t *testing.T) {
 		"ZERO_CHANGE_STREAMER_URI": "ws://cs:4849",
 		"ZERO_NUM_SYNC_WORKERS":    "4",
 		"ZERO_AUTO_RESET":          "true",
-		"ZERO_UPSTREAM_DB":         "postgres://h/db",
+		"ZERO_APP_PUBLICATIONS":    "p1",
 		"JETSYNC_NATS_URL":         "nats://127.0.0.1:4222",
 	}
 	e := &env{lookup: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
@@ -199,8 +199,8 @@ func TestSettingNotes(t *testing.T) {
 			t.Errorf("%s: note %+v", k, got[k])
 		}
 	}
-	if got["ZERO_UPSTREAM_DB"].msg != "setting not read by jetsync view-syncer" {
-		t.Errorf("ZERO_UPSTREAM_DB: note %+v", got["ZERO_UPSTREAM_DB"])
+	if got["ZERO_APP_PUBLICATIONS"].msg != "setting not read by jetsync view-syncer" {
+		t.Errorf("ZERO_APP_PUBLICATIONS: note %+v", got["ZERO_APP_PUBLICATIONS"])
 	}
 	if _, ok := got["JETSYNC_NATS_URL"]; ok {
 		t.Errorf("JETSYNC_NATS_URL is read by view-syncer, yet noted")
@@ -260,8 +260,10 @@ func TestConfig(t *testing.T) {
 		"ZERO_CVR_DB":                "postgres://u:cvrpw-topsecret@pg/cvr",
 		"ZERO_ADMIN_PASSWORD":        "admin-topsecret",
 		"ZERO_PUSH_URL":              "http://api/push",
-		"ZERO_ENABLE_CRUD_MUTATIONS": "true",
+		"ZERO_ENABLE_CRUD_MUTATIONS": "false",
 		"ZERO_UPSTREAM_DB":           "postgres://u:uppw-topsecret@pg/app",
+		"ZERO_UPSTREAM_TYPE":         "custom",
+		"ZERO_APP_PUBLICATIONS":      "p1",
 		"ZERO_PORT":                  "5000",
 	} {
 		t.Setenv(k, v)
@@ -290,8 +292,10 @@ func TestConfig(t *testing.T) {
 		"JETSYNC_NATS_URL":           "nats://u:xxxxx@nats:4222 env",
 		"ZERO_ADMIN_PASSWORD":        "(set) env no effect:",
 		"ZERO_CVR_DB":                "postgres://u:xxxxx@pg/cvr env no effect: client view records live in the JetStream stream JETSYNC_app_0_CVR",
-		"ZERO_ENABLE_CRUD_MUTATIONS": "true env refused, jetsync view-syncer would not start:",
-		"ZERO_UPSTREAM_DB":           "postgres://u:xxxxx@pg/app env not read by jetsync view-syncer",
+		"ZERO_ENABLE_CRUD_MUTATIONS": "false env",
+		"ZERO_UPSTREAM_DB":           "postgres://u:xxxxx@pg/app env",
+		"ZERO_UPSTREAM_TYPE":         "custom env refused, jetsync view-syncer would not start:",
+		"ZERO_APP_PUBLICATIONS":      "p1 env not read by jetsync view-syncer",
 	} {
 		if got := strings.Join(rows[env], " "); !strings.HasPrefix(got, want) {
 			t.Errorf("%s: %q, want it to start %q", env, got, want)

@@ -43,6 +43,8 @@ type syncFlags struct {
 	// deprecated aliases); revalidate and retransform pace auth maintenance.
 	api                     appapi.Config
 	revalidate, retransform time.Duration
+
+	crud crudFlags
 }
 
 func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
@@ -64,6 +66,7 @@ func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
 	bindVar(fs, units{&a.gc.Interval, time.Second}, "ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", "")
 	e.intVar(fs, &a.maxPayload, "ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES", viewsyncer.DefaultMaxPayloadBytes)
 	a.registerAPI(fs, e)
+	a.crud.register(fs, e)
 	e.intVar(fs, &a.gc.BatchSize, "ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE", cvrstore.DefaultGCBatchSize)
 }
 
@@ -188,6 +191,11 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 	if err != nil {
 		return nil, nil, fmt.Errorf("cvr store: %w", err)
 	}
+	mg, closeMutagen, err := a.crud.mutagen(ctx, rl)
+	if err != nil {
+		store.Close()
+		return nil, nil, err
+	}
 	srv, err := viewsyncer.New(viewsyncer.Config{
 		ReplicaFile:         file,
 		Replica:             cons,
@@ -203,11 +211,13 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		API:                 a.api,
 		RevalidateInterval:  a.revalidate,
 		RetransformInterval: a.retransform,
+		Mutagen:             mg,
 		MaxPayloadBytes:     int64(a.maxPayload),
 		Logger:              log,
 		Registerer:          rl.metrics.For("view-syncer"),
 	})
 	if err != nil {
+		closeMutagen()
 		store.Close()
 		return nil, nil, err
 	}
@@ -215,5 +225,5 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		h.Handle(p, srv.Handler())
 	}
 	rl.log.Info("cvr store open", "file", cvrFile, logkey.Stream, rl.shard.CVRStream(), logkey.Owner, rl.id, "address", addr)
-	return srv, func() { srv.Close(); store.Close() }, nil
+	return srv, func() { srv.Close(); closeMutagen(); store.Close() }, nil
 }

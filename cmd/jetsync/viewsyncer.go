@@ -50,6 +50,7 @@ func (c *consumerFlags) register(fs *flag.FlagSet, e *env, r consumerRole) {
 	if r.sync {
 		c.auth.register(fs, e)
 		e.boolVar(fs, &c.demoPage, "JETSYNC_DEMO_PAGE", false)
+		c.auth.crud.registerUpstream(fs, e)
 	}
 	c.restore.register(fs, e, false)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/consumers/zql/permissions"
+	"github.com/jetsync/jetsync/internal/logkey"
 )
 
 // Error kinds of a mutation's answer (zero-protocol's ErrorKind).
@@ -95,13 +96,6 @@ func New(pool *pgxpool.Pool, cfg Config) *Mutagen {
 	return &Mutagen{pool: pool, cfg: cfg, limiters: map[string]*limiter{}}
 }
 
-// Forget drops a client group's rate limiter once the group leaves memory.
-func (m *Mutagen) Forget(clientGroupID string) {
-	m.mu.Lock()
-	delete(m.limiters, clientGroupID)
-	m.mu.Unlock()
-}
-
 const maxSerializationAttempts = 10
 
 // errAlreadyApplied marks a mutation whose id the client already got past.
@@ -142,7 +136,7 @@ func (m *Mutagen) Process(ctx context.Context, clientGroupID string, mut Mutatio
 		if errors.As(err, &pgErr) && pgErr.Code == "40001" {
 			continue
 		}
-		m.cfg.Log.Warn("crud mutation failed, re-running in error mode", "clientGroupID", clientGroupID, "clientID", mut.ClientID, "mutationID", mut.ID, "err", err)
+		m.cfg.Log.Warn("crud mutation failed, re-running in error mode", logkey.ClientGroup, clientGroupID, logkey.Client, mut.ClientID, "mutation_id", mut.ID, "err", err)
 		result = &MutationError{KindMutationFailed, errorString(err)}
 		errorMode = true
 		i--
@@ -359,7 +353,7 @@ func (m *Mutagen) can(ctx context.Context, tx pgx.Tx, rules *permissions.Rules, 
 		ok, err := matches(ctx, tx, op, pol)
 		if err != nil || !ok {
 			if err == nil {
-				m.cfg.Log.Info("CRUD write denied by the write rules", "table", op.TableName, "action", op.check, "phase", phase)
+				m.cfg.Log.Info("CRUD write denied by the write rules", logkey.Table, op.TableName, "action", op.check, "phase", phase)
 			}
 			return false, err
 		}
@@ -484,6 +478,14 @@ func (m *Mutagen) allow(cgid string) bool {
 		m.limiters[cgid] = l
 	}
 	now := time.Now()
+	if len(m.limiters) > 1024 {
+		// Groups come and go: forget those with nothing in their window.
+		for id, o := range m.limiters {
+			if n := len(o.times); n == 0 || now.Sub(o.times[n-1]) >= m.cfg.LimitWindow {
+				delete(m.limiters, id)
+			}
+		}
+	}
 	cut := 0
 	for cut < len(l.times) && now.Sub(l.times[cut]) >= m.cfg.LimitWindow {
 		cut++

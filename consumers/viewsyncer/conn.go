@@ -295,7 +295,7 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 			err = c.g.updateAuth(ctx, c, u.UpdateAuth.Auth, claims)
 		}
 	case tagPush:
-		err = c.g.push(c, u.Push)
+		err = c.g.push(ctx, c, u.Push)
 	case tagAckMutationResponses:
 		err = c.g.ackMutationResponses(c, u.AckMutationResponses)
 	}

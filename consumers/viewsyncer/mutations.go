@@ -66,9 +66,10 @@ func (g *group) mutationPatch(rec *cvrstore.Row) json.RawMessage {
 }
 
 // push forwards a push's custom mutations to the mutate endpoint through
-// the group's pusher (docs/protocol.md §14). Legacy CRUD mutations are
-// refused as zero-cache refuses them with ZERO_ENABLE_CRUD_MUTATIONS off.
-func (g *group) push(c *conn, body *appapi.PushBody) error {
+// the group's pusher (docs/protocol.md §14). Legacy CRUD mutations go to
+// pushCRUD, or are refused as zero-cache refuses them with
+// ZERO_ENABLE_CRUD_MUTATIONS off.
+func (g *group) push(ctx context.Context, c *conn, body *appapi.PushBody) error {
 	if body.ClientGroupID != g.id {
 		return newProtocolError(kindInvalidPush, "clientGroupID in mutation %q does not match clientGroupID of connection %q", body.ClientGroupID, g.id)
 	}
@@ -76,7 +77,10 @@ func (g *group) push(c *conn, body *appapi.PushBody) error {
 		return nil
 	}
 	if body.Mutations[0].Type != "custom" {
-		return newProtocolError(kindInvalidPush, "Support for legacy CRUD mutations is disabled")
+		if g.s.cfg.Mutagen == nil {
+			return newProtocolError(kindInvalidPush, "Support for legacy CRUD mutations is disabled")
+		}
+		return g.pushCRUD(ctx, c, body)
 	}
 	if !g.s.api.MutateConfigured() {
 		return newProtocolError(kindInvalidPush, "A ZERO_MUTATE_URL must be set in order to process custom mutations.")

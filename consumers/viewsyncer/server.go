@@ -33,6 +33,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/auth"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
+	"github.com/jetsync/jetsync/consumers/mutagen"
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/consumers/zql/permissions"
@@ -109,6 +110,9 @@ type Config struct {
 	// mutators (ZERO_QUERY_URL, ZERO_MUTATE_URL and their settings). Its
 	// AppID and ShardNum come from Shard.
 	API appapi.Config
+	// Mutagen, if set, applies legacy CRUD mutations upstream
+	// (ZERO_ENABLE_CRUD_MUTATIONS); nil answers them InvalidPush.
+	Mutagen *mutagen.Mutagen
 	// RevalidateInterval and RetransformInterval are
 	// ZERO_AUTH_REVALIDATE_INTERVAL_SECONDS and
 	// ZERO_AUTH_RETRANSFORM_INTERVAL_SECONDS: how often a validated

@@ -379,16 +379,38 @@ func matches(ctx context.Context, tx pgx.Tx, op *crudOp, pol []zql.Condition) (b
 
 // write runs op's statement, as zero-cache words each.
 func write(ctx context.Context, tx pgx.Tx, op *crudOp) error {
+	types, err := columnTypes(ctx, tx, op.TableName)
+	if err != nil {
+		return err
+	}
 	q := &query{}
 	cols := sortedKeys(op.Value)
 	table := qualified("public", op.TableName)
+	// A value is a parameter, except a time given as epoch milliseconds,
+	// as the client sends timestamps.
+	value := func(col string) string {
+		v := param(op.Value[col])
+		ms, ok := v.(float64)
+		if !ok {
+			return q.arg(v)
+		}
+		switch types[col] {
+		case "timestamptz":
+			return "to_timestamp(" + q.arg(ms) + "::float8 / 1000)"
+		case "timestamp":
+			return "(to_timestamp(" + q.arg(ms) + "::float8 / 1000) AT TIME ZONE 'UTC')"
+		case "date":
+			return "(to_timestamp(" + q.arg(ms) + "::float8 / 1000) AT TIME ZONE 'UTC')::date"
+		}
+		return q.arg(v)
+	}
 	switch op.Op.Op {
 	case "insert", "upsert":
 		names := make([]string, len(cols))
 		vals := make([]string, len(cols))
 		for i, c := range cols {
 			names[i] = ident(c)
-			vals[i] = q.arg(param(op.Value[c]))
+			vals[i] = value(c)
 		}
 		pks := make([]string, len(op.PrimaryKey))
 		for i, c := range op.PrimaryKey {
@@ -407,7 +429,7 @@ func write(ctx context.Context, tx pgx.Tx, op *crudOp) error {
 	case "update":
 		sets := make([]string, len(cols))
 		for i, c := range cols {
-			sets[i] = ident(c) + " = " + q.arg(param(op.Value[c]))
+			sets[i] = ident(c) + " = " + value(c)
 		}
 		q.b.WriteString("UPDATE " + table + " SET " + join(sets) + " WHERE ")
 		q.pkWhere(op.pk, "")
@@ -415,8 +437,28 @@ func write(ctx context.Context, tx pgx.Tx, op *crudOp) error {
 		q.b.WriteString("DELETE FROM " + table + " WHERE ")
 		q.pkWhere(op.pk, "")
 	}
-	_, err := tx.Exec(ctx, q.b.String(), q.args...)
+	_, err = tx.Exec(ctx, q.b.String(), q.args...)
 	return err
+}
+
+// columnTypes maps table's columns to their type names.
+func columnTypes(ctx context.Context, tx pgx.Tx, table string) (map[string]string, error) {
+	rows, err := tx.Query(ctx, `SELECT a.attname, t.typname FROM pg_catalog.pg_attribute a
+		JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, qualified("public", table))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[name] = typ
+	}
+	return out, rows.Err()
 }
 
 // param passes a JSON value for Postgres to parse in the column's type:

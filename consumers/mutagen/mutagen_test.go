@@ -24,7 +24,7 @@ CREATE TABLE zero.permissions ("permissions" JSONB, "hash" TEXT, "lock" BOOL PRI
 CREATE SCHEMA zero_0;
 CREATE TABLE zero_0.clients ("clientGroupID" TEXT NOT NULL, "clientID" TEXT NOT NULL, "lastMutationID" BIGINT NOT NULL, "userID" TEXT, PRIMARY KEY ("clientGroupID", "clientID"));
 CREATE TABLE "user" (id TEXT PRIMARY KEY, role TEXT NOT NULL);
-CREATE TABLE issue (id TEXT PRIMARY KEY, title TEXT NOT NULL, owner_id TEXT, n INT, meta JSONB);
+CREATE TABLE issue (id TEXT PRIMARY KEY, title TEXT NOT NULL, owner_id TEXT, n INT, meta JSONB, created TIMESTAMPTZ);
 CREATE TABLE secret (id TEXT PRIMARY KEY);
 INSERT INTO "user" VALUES ('alice', 'admin'), ('bob', 'member');
 `
@@ -119,8 +119,8 @@ func TestProcess_OpsAndRules(t *testing.T) {
 	count := func() int64 { return f.scalar(`SELECT count(*) FROM issue`).(int64) }
 
 	// Insert allowed for the owner, with JSON and numbers.
-	f.mustPush("c1", 1, "alice", issueOp("insert", "i1", map[string]any{"title": "a", "owner_id": "alice", "n": float64(3), "meta": map[string]any{"k": []any{1.0}}}))
-	if got := f.scalar(`SELECT title || n || meta::text FROM issue WHERE id = 'i1'`); got != `a3{"k": [1]}` {
+	f.mustPush("c1", 1, "alice", issueOp("insert", "i1", map[string]any{"title": "a", "owner_id": "alice", "n": float64(3), "meta": map[string]any{"k": []any{1.0}}, "created": float64(1764504000123)}))
+	if got := f.scalar(`SELECT title || n || meta::text || (extract(epoch FROM created) * 1000)::bigint FROM issue WHERE id = 'i1'`); got != `a3{"k": [1]}1764504000123` {
 		t.Fatalf("inserted row: %v", got)
 	}
 	// An insert owned by someone else is denied: id consumed, no row.

@@ -33,6 +33,10 @@
 //      runs a custom mutator (api-server.mjs's definitions); the ack follows
 //      the optimistic (client) result, then a "mutation" event reports the
 //      server's: {"event":"mutation","client":...,"id":...,"rows":<details>}
+//   {"cmd":"crud","client":"a","id":"m1","table":"issue","op":"update","value":{...}}
+//      runs a legacy CRUD mutator (open the client with "crud":true, which
+//      uses app/crud-schema.mjs: enableLegacyMutators, no custom mutators);
+//      the ack follows the client's optimistic write
 //   {"cmd":"connect","client":"a","auth":"<jwt>"}  leaves needs-auth
 //   {"cmd":"close","client":"a"}
 //   {"cmd":"exit"}
@@ -55,6 +59,7 @@
 import readline from 'node:readline';
 import {Zero, defineMutator, defineMutators} from '@rocicorp/zero';
 import {schema} from './app/schema.mjs';
+import {schema as crudSchema} from './app/crud-schema.mjs';
 import {queries, shapes} from './app/queries.mjs';
 
 // The custom mutators of testdata/spec/transcripts/app/mutators.mjs, as
@@ -162,7 +167,7 @@ function open(c) {
   const name = c.client;
   if (clients.has(name)) throw new Error(`client ${name} is already open`);
   const z = new Zero({
-    schema,
+    schema: c.crud ? crudSchema : schema,
     cacheURL: c.server,
     userID: c.userID,
     auth: c.auth ?? undefined,
@@ -171,7 +176,7 @@ function open(c) {
     // userID and storageKey share the in-memory store.
     kvStore: 'mem',
     logLevel: c.logLevel ?? 'error',
-    mutators,
+    mutators: c.crud ? undefined : mutators,
     pingTimeoutMs: c.pingTimeoutMs,
     // The defaults reload the page.
     onUpdateNeeded: reason => emit({event: 'update-needed', client: name, reason}),
@@ -262,6 +267,14 @@ async function handle(c) {
         details => emit({event: 'mutation', client: c.client, id: c.id, rows: details}),
         err => emit({event: 'mutation', client: c.client, id: c.id, error: String(err?.stack ?? err)}));
       return {rows: await r.client};
+    }
+    case 'crud': {
+      const {z} = mustClient(c.client);
+      const fn = z.mutate[c.table]?.[c.op];
+      if (typeof fn !== 'function') throw new Error(`no CRUD mutator ${c.table}.${c.op}`);
+      const r = fn(c.value);
+      await (r?.client ?? r);
+      return;
     }
     case 'local': {
       const {z} = mustClient(c.client);

@@ -112,7 +112,7 @@ $(NODE_EXAMPLE)/node_modules/.ci-stamp: $(NODE_EXAMPLE)/package-lock.json
 # e2e-reference runs the Zero client suite against zero-cache 1.9.0 itself,
 # which shows that its assertions describe the real behaviour. CI need not.
 e2e-reference: node-deps build
-	JETSYNC_E2E_REFERENCE=1 JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 10m -run '^TestZeroClient_Reference$$' -v ./e2e/
+	JETSYNC_E2E_REFERENCE=1 JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -timeout 10m -run '^TestZeroClient_(Reference|CRUDReference)$$' -v ./e2e/
 
 # conformance runs the differential suite at length (e2e/conformance_test.go):
 # random ZQL, materialized by the real client against jetsync and zero-cache

@@ -106,7 +106,11 @@ var errAlreadyApplied = errors.New("mutation already applied")
 // limit), or a *PushError that stops the push. A mutation denied by the
 // write rules is not an error: its id is consumed and nothing is written,
 // as in zero-cache.
-func (m *Mutagen) Process(ctx context.Context, clientGroupID string, mut Mutation, authData map[string]any) (*MutationError, error) {
+//
+// With custom mutators configured too, an out-of-order id is retried twice
+// after 100 ms, as zero-cache does: the API server may not have committed
+// the client's custom mutation before it yet.
+func (m *Mutagen) Process(ctx context.Context, clientGroupID string, mut Mutation, authData map[string]any, customEnabled bool) (*MutationError, error) {
 	if !m.allow(clientGroupID) {
 		return &MutationError{KindMutationRateLimited, "Rate limit exceeded"}, nil
 	}
@@ -127,6 +131,14 @@ func (m *Mutagen) Process(ctx context.Context, clientGroupID string, mut Mutatio
 		}
 		var pe *PushError
 		if errors.As(err, &pe) {
+			if !errorMode && customEnabled && i < 2 {
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(100 * time.Millisecond):
+				}
+				continue
+			}
 			return nil, pe
 		}
 		if errorMode || ctx.Err() != nil {

@@ -48,6 +48,8 @@ type fixture struct {
 	pool *pgxpool.Pool
 	m    *mutagen.Mutagen
 	ctx  context.Context
+	// custom says custom mutators are configured beside CRUD.
+	custom bool
 }
 
 func newFixture(t *testing.T, cfg mutagen.Config) *fixture {
@@ -76,7 +78,7 @@ func (f *fixture) push(client string, id int64, sub string, ops ...mutagen.Op) (
 	if sub != "" {
 		auth = map[string]any{"sub": sub}
 	}
-	return f.m.Process(f.ctx, "cg1", mutagen.Mutation{ID: id, ClientID: client, Args: args}, auth)
+	return f.m.Process(f.ctx, "cg1", mutagen.Mutation{ID: id, ClientID: client, Args: args}, auth, f.custom)
 }
 
 func (f *fixture) mustPush(client string, id int64, sub string, ops ...mutagen.Op) {
@@ -182,6 +184,26 @@ func TestProcess_MutationIDs(t *testing.T) {
 	}
 	if f.lastMutationID("c1") != 2 {
 		t.Fatalf("lmid after out-of-order: %d", f.lastMutationID("c1"))
+	}
+	// Beside custom mutators, a gap is waited on: the API server may be
+	// about to commit the missing id.
+	f.custom = true
+	done := make(chan error, 1)
+	go func() {
+		merr, err := f.push("c1", 4, "alice", issueOp("insert", "i4", map[string]any{"title": "late", "owner_id": "alice"}))
+		if merr != nil {
+			err = errors.New(merr.Message)
+		}
+		done <- err
+	}()
+	if _, err := f.pool.Exec(f.ctx, `UPDATE zero_0.clients SET "lastMutationID" = 3 WHERE "clientID" = 'c1'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("mutation after the custom one: %v", err)
+	}
+	if n := f.scalar(`SELECT count(*) FROM issue WHERE id = 'i4'`).(int64); n != 1 {
+		t.Fatalf("mutation after the custom one not applied")
 	}
 }
 

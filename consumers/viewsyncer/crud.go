@@ -14,6 +14,7 @@ import (
 // in zero-cache. The results come back through replication.
 func (g *group) pushCRUD(ctx context.Context, c *conn, body *appapi.PushBody) error {
 	authData := g.crudAuth(c)
+	custom := g.s.api != nil && g.s.api.MutateConfigured()
 	g.s.metrics.pushes.Inc()
 	for _, m := range body.Mutations {
 		if m.Type != "crud" {
@@ -21,7 +22,7 @@ func (g *group) pushCRUD(ctx context.Context, c *conn, body *appapi.PushBody) er
 			// refused as zero-cache's mutagen refuses a custom mutation.
 			return newProtocolError(kindInvalidPush, "Only CRUD mutations are supported")
 		}
-		merr, err := g.s.cfg.Mutagen.Process(ctx, g.id, mutagen.Mutation{ID: m.ID, ClientID: m.ClientID, Args: m.Args}, authData)
+		merr, err := g.s.cfg.Mutagen.Process(ctx, g.id, mutagen.Mutation{ID: m.ID, ClientID: m.ClientID, Args: m.Args}, authData, custom)
 		if err != nil {
 			if pe, ok := err.(*mutagen.PushError); ok {
 				return newProtocolError(pe.Kind, "%s", pe.Message)

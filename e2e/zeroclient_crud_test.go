@@ -181,15 +181,37 @@ func runCRUDSuite(t *testing.T, startServer serverUnderTest) {
 		if err := pg.QueryRow(ctx, `SELECT "lastMutationID" FROM `+zeroAppID+`_0.clients WHERE "clientID" = 'crud-raw-client'`).Scan(&lmid); err != nil || lmid != 2 {
 			t.Fatalf("lastMutationID %d %v, want 2", lmid, err)
 		}
+		// A failing write is a MutationFailed error frame; its id is used
+		// and the connection carries on.
+		push(3, `{"op":"insert","tableName":"issue","primaryKey":["id"],"value":{"id":"crud-fail","open":true,"modified":1,"created":1764504000123}}`)
+		for {
+			tag, body := ws.next(30 * time.Second)
+			if tag == "close" {
+				t.Fatalf("closed after a failed mutation: %s", body)
+			}
+			if tag == "error" {
+				var e struct{ Kind, Message, Origin string }
+				_ = json.Unmarshal(body, &e)
+				if e.Kind != "MutationFailed" || !strings.HasPrefix(e.Message, "PostgresError: null value in column \"title\"") || e.Origin != "zeroCache" {
+					t.Fatalf("error frame %s", body)
+				}
+				break
+			}
+		}
+		push(4, row("crud-replay-2", "fourth"))
+		applied("crud-raw-client", 4)
+		if got := title("crud-replay-2"); got != "fourth/u000001" {
+			t.Fatalf("after a failed mutation: %s", got)
+		}
 		// A gap is InvalidPush, and the connection ends.
-		push(5, row("crud-replay", "gap"))
+		push(6, row("crud-replay", "gap"))
 		for {
 			tag, body := ws.next(30 * time.Second)
 			if tag == "close" {
 				t.Fatalf("closed without an error frame: %s", body)
 			}
 			if tag == "error" {
-				if !strings.Contains(string(body), `"InvalidPush"`) || !strings.Contains(string(body), "Expected mutation id 3") {
+				if !strings.Contains(string(body), `"InvalidPush"`) || !strings.Contains(string(body), "Expected mutation id 5") {
 					t.Fatalf("error frame %s", body)
 				}
 				break

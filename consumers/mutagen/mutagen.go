@@ -315,11 +315,12 @@ func decodeOps(args json.RawMessage) ([]crudOp, error) {
 	return out, nil
 }
 
-// checkTable refuses a table that is not in the published public schema,
-// as zero-cache refuses one its replica lacks.
+// checkTable refuses a table that is not upstream, as zero-cache refuses
+// one its replica lacks.
 func checkTable(ctx context.Context, tx pgx.Tx, op *crudOp) error {
+	schema, table := splitTable(op.TableName)
 	var ok bool
-	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = 'public' AND tablename = $1)`, op.TableName).Scan(&ok)
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = $1 AND tablename = $2)`, schema, table).Scan(&ok)
 	if err != nil {
 		return err
 	}
@@ -331,7 +332,7 @@ func checkTable(ctx context.Context, tx pgx.Tx, op *crudOp) error {
 
 func exists(ctx context.Context, tx pgx.Tx, op *crudOp) (bool, error) {
 	q := &query{}
-	q.b.WriteString("SELECT EXISTS (SELECT 1 FROM " + qualified("public", op.TableName) + " WHERE ")
+	q.b.WriteString("SELECT EXISTS (SELECT 1 FROM " + qualified(op.TableName) + " WHERE ")
 	q.pkWhere(op.pk, "")
 	q.b.WriteString(")")
 	var ok bool
@@ -377,7 +378,7 @@ func matches(ctx context.Context, tx pgx.Tx, op *crudOp, pol []zql.Condition) (b
 	if len(pol) == 0 {
 		return false, nil
 	}
-	stmt, args, err := rowMatchesSQL("public", op.TableName, op.pk, pol)
+	stmt, args, err := rowMatchesSQL(op.TableName, op.pk, pol)
 	if err != nil {
 		return false, err
 	}
@@ -397,7 +398,7 @@ func write(ctx context.Context, tx pgx.Tx, op *crudOp) error {
 	}
 	q := &query{}
 	cols := sortedKeys(op.Value)
-	table := qualified("public", op.TableName)
+	table := qualified(op.TableName)
 	// A value is a parameter, except a time given as epoch milliseconds,
 	// as the client sends timestamps.
 	value := func(col string) string {
@@ -457,7 +458,7 @@ func write(ctx context.Context, tx pgx.Tx, op *crudOp) error {
 func columnTypes(ctx context.Context, tx pgx.Tx, table string) (map[string]string, error) {
 	rows, err := tx.Query(ctx, `SELECT a.attname, t.typname FROM pg_catalog.pg_attribute a
 		JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, qualified("public", table))
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, qualified(table))
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,8 @@ CREATE TABLE "user" (id TEXT PRIMARY KEY, role TEXT NOT NULL);
 CREATE TABLE issue (id TEXT PRIMARY KEY, title TEXT NOT NULL, owner_id TEXT, n INT, meta JSONB, created TIMESTAMPTZ);
 CREATE TABLE secret (id TEXT PRIMARY KEY);
 INSERT INTO "user" VALUES ('alice', 'admin'), ('bob', 'member');
+CREATE SCHEMA other;
+CREATE TABLE other.note (id TEXT PRIMARY KEY, author TEXT);
 `
 
 // Rules: an issue's owner may update it and may not give it away; anyone
@@ -41,7 +43,9 @@ const rulesJSON = `{"tables": {"issue": {"row": {
 	"delete": [["allow", {"type": "correlatedSubquery", "op": "EXISTS",
 		"related": {"correlation": {"parentField": ["owner_id"], "childField": ["id"]},
 			"subquery": {"table": "user", "alias": "zsubq_owner", "where": {"type": "simple", "left": {"type": "column", "name": "role"}, "op": "=", "right": {"type": "literal", "value": "admin"}}}}}]]
-}}}}`
+}},
+	"other.note": {"row": {"insert": [["allow", {"type": "simple", "left": {"type": "column", "name": "author"}, "op": "=", "right": {"type": "static", "anchor": "authData", "field": "sub"}}]]}}
+}}`
 
 type fixture struct {
 	t    *testing.T
@@ -158,6 +162,15 @@ func TestProcess_OpsAndRules(t *testing.T) {
 	f.mustPush("c1", 7, "alice", mutagen.Op{Op: "insert", TableName: "secret", PrimaryKey: []string{"id"}, Value: map[string]any{"id": "s"}})
 	if n := f.scalar(`SELECT count(*) FROM secret`).(int64); n != 0 || f.lastMutationID("c1") != 7 {
 		t.Fatalf("secret: %d rows, lmid %d", n, f.lastMutationID("c1"))
+	}
+	// A table outside public is named schema.table.
+	note := func(id, author string) mutagen.Op {
+		return mutagen.Op{Op: "insert", TableName: "other.note", PrimaryKey: []string{"id"}, Value: map[string]any{"id": id, "author": author}}
+	}
+	f.mustPush("c1", 8, "alice", note("n1", "alice"), note("n2", "bob"))
+	f.mustPush("c1", 9, "alice", note("n3", "alice"))
+	if got := f.scalar(`SELECT string_agg(id, ',' ORDER BY id) FROM other.note`); got != "n3" {
+		t.Fatalf("other.note: %v (a mutation with one denied op writes none)", got)
 	}
 	// Without authData, the owner rule matches nothing.
 	f.mustPush("c3", 1, "", issueOp("insert", "i4", map[string]any{"title": "anon", "owner_id": nil}))

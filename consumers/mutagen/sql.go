@@ -25,27 +25,35 @@ func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
 // rowMatches reports whether the row of table with pk's values matches any
 // condition of policy, evaluated in Postgres in tx: zero-cache runs each
 // policy as a query for the row with the conditions OR'ed into its where.
-func rowMatchesSQL(schema, table string, pk map[string]any, policy []zql.Condition) (string, []any, error) {
+func rowMatchesSQL(table string, pk map[string]any, policy []zql.Condition) (string, []any, error) {
 	q := &query{}
 	alias := "t0"
-	q.b.WriteString("SELECT 1 FROM " + qualified(schema, table) + " AS " + alias + " WHERE ")
+	q.b.WriteString("SELECT 1 FROM " + qualified(table) + " AS " + alias + " WHERE ")
 	q.pkWhere(pk, alias)
 	q.b.WriteString(" AND (")
-	if err := q.or(policy, schema, alias, 0); err != nil {
+	if err := q.or(policy, alias, 0); err != nil {
 		return "", nil, err
 	}
 	q.b.WriteString(") LIMIT 1")
 	return q.b.String(), q.args, nil
 }
 
-func qualified(schema, table string) string {
-	if schema == "" {
-		return ident(table)
+// splitTable splits a Zero table name: "schema.table" outside public,
+// "table" in it.
+func splitTable(name string) (schema, table string) {
+	if i := strings.IndexByte(name, '.'); i > 0 {
+		return name[:i], name[i+1:]
 	}
+	return "public", name
+}
+
+// qualified is the Postgres name of a Zero table.
+func qualified(name string) string {
+	schema, table := splitTable(name)
 	return ident(schema) + "." + ident(table)
 }
 
-func (q *query) or(conds []zql.Condition, schema, alias string, depth int) error {
+func (q *query) or(conds []zql.Condition, alias string, depth int) error {
 	if len(conds) == 0 {
 		q.b.WriteString("FALSE")
 		return nil
@@ -55,7 +63,7 @@ func (q *query) or(conds []zql.Condition, schema, alias string, depth int) error
 			q.b.WriteString(" OR ")
 		}
 		q.b.WriteString("(")
-		if err := q.cond(c, schema, alias, depth); err != nil {
+		if err := q.cond(c, alias, depth); err != nil {
 			return err
 		}
 		q.b.WriteString(")")
@@ -63,7 +71,7 @@ func (q *query) or(conds []zql.Condition, schema, alias string, depth int) error
 	return nil
 }
 
-func (q *query) cond(c zql.Condition, schema, alias string, depth int) error {
+func (q *query) cond(c zql.Condition, alias string, depth int) error {
 	switch c.Type {
 	case zql.CondAnd:
 		if len(c.Conditions) == 0 {
@@ -75,18 +83,18 @@ func (q *query) cond(c zql.Condition, schema, alias string, depth int) error {
 				q.b.WriteString(" AND ")
 			}
 			q.b.WriteString("(")
-			if err := q.cond(s, schema, alias, depth); err != nil {
+			if err := q.cond(s, alias, depth); err != nil {
 				return err
 			}
 			q.b.WriteString(")")
 		}
 		return nil
 	case zql.CondOr:
-		return q.or(c.Conditions, schema, alias, depth)
+		return q.or(c.Conditions, alias, depth)
 	case zql.CondSimple:
 		return q.simple(c, alias)
 	case zql.CondCorrelated:
-		return q.exists(c, schema, alias, depth)
+		return q.exists(c, alias, depth)
 	}
 	return fmt.Errorf("unknown condition type %q", c.Type)
 }
@@ -161,7 +169,7 @@ func (q *query) simple(c zql.Condition, alias string) error {
 
 // exists renders a correlated subquery condition (EXISTS / NOT EXISTS) over
 // the related table, correlated to alias's row.
-func (q *query) exists(c zql.Condition, schema, alias string, depth int) error {
+func (q *query) exists(c zql.Condition, alias string, depth int) error {
 	if c.Related == nil || c.Related.Subquery == nil {
 		return fmt.Errorf("correlated subquery without a subquery")
 	}
@@ -179,7 +187,7 @@ func (q *query) exists(c zql.Condition, schema, alias string, depth int) error {
 	default:
 		return fmt.Errorf("unknown subquery operator %q", c.Op)
 	}
-	q.b.WriteString("SELECT 1 FROM " + qualified(schema, sub.Table) + " AS " + child + " WHERE ")
+	q.b.WriteString("SELECT 1 FROM " + qualified(sub.Table) + " AS " + child + " WHERE ")
 	for i := range corr.ParentField {
 		if i > 0 {
 			q.b.WriteString(" AND ")
@@ -188,7 +196,7 @@ func (q *query) exists(c zql.Condition, schema, alias string, depth int) error {
 	}
 	if sub.Where != nil {
 		q.b.WriteString(" AND (")
-		if err := q.cond(*sub.Where, schema, child, depth+1); err != nil {
+		if err := q.cond(*sub.Where, child, depth+1); err != nil {
 			return err
 		}
 		q.b.WriteString(")")

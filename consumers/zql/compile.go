@@ -1,6 +1,7 @@
 package zql
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 )
@@ -65,6 +66,9 @@ type node struct {
 	// superset of where, ANDed after "WHERE".
 	push     string
 	pushArgs []any
+	// none is set when where is FALSE for every row (a table the read
+	// rules deny): the node reads nothing.
+	none bool
 }
 
 type orderCol struct {
@@ -233,6 +237,7 @@ func (c *compiler) node(a *AST, inExists, private bool) (*node, error) {
 			return nil, err
 		}
 		n.flips = hasFlip(n.where)
+		n.none = alwaysFalse(n.where)
 		n.push, n.pushArgs = pushdown(n.t, a.Where)
 	}
 	// Two related entries with one alias: the last wins.
@@ -367,6 +372,15 @@ func pinnedKey(t *table, w *Condition) []any {
 	return vals
 }
 
+// Bounds on what pushdown hands SQLite, whose own limits (the depth of an
+// expression, the number of parameters) would fail the query: conditions
+// past them are left to the evaluation in Go.
+const (
+	maxPushed      = 64
+	maxInlineList  = 100
+	maxLikePattern = 50000 // SQLite's SQLITE_MAX_LIKE_PATTERN_LENGTH
+)
+
 // pushdown picks the top-level conjuncts of w that SQLite can evaluate
 // exactly or as a superset, for literals of the column's own kind. Go still
 // evaluates all of w on what comes back.
@@ -378,6 +392,9 @@ func pushdown(t *table, w *Condition) (string, []any) {
 	var parts []string
 	var args []any
 	for _, k := range conj {
+		if len(parts) == maxPushed {
+			break // SQLite's parser nests each AND: a superset is enough
+		}
 		if k.Type != CondSimple || k.Left.Type != "column" || k.Right.Type != "literal" {
 			continue
 		}
@@ -424,11 +441,22 @@ func pushdown(t *table, w *Condition) (string, []any) {
 			if len(ph) != len(list) {
 				continue
 			}
+			if len(la) > maxInlineList {
+				// One parameter, whatever the length: SQLite takes at most
+				// 32,766.
+				b, err := json.Marshal(la)
+				if err != nil {
+					continue
+				}
+				parts = append(parts, q+" "+k.Op+" (SELECT value FROM json_each(?))")
+				args = append(args, string(b))
+				continue
+			}
 			parts = append(parts, q+" "+k.Op+" ("+strings.Join(ph, ", ")+")")
 			args = append(args, la...)
 		case "LIKE", "ILIKE":
 			// SQLite's default LIKE folds ASCII case: a superset of both.
-			if p, ok := v.(string); ok && col.Kind == KindString {
+			if p, ok := v.(string); ok && col.Kind == KindString && len(p) <= maxLikePattern {
 				parts, args = append(parts, q+` LIKE ? ESCAPE '\'`), append(args, p)
 			}
 		}

@@ -33,6 +33,27 @@ func (c orCond) eval(h *hydration, r *row) (bool, error) {
 	return false, nil
 }
 
+// alwaysFalse reports whether c is FALSE whatever the row, as the empty
+// or the read rules put on a denied table.
+func alwaysFalse(c cond) bool {
+	switch x := c.(type) {
+	case constCond:
+		return !bool(x)
+	case orCond:
+		for _, s := range x {
+			if !alwaysFalse(s) {
+				return false
+			}
+		}
+		return true
+	case andCond:
+		return slices.ContainsFunc(x, alwaysFalse)
+	case *existsCond:
+		return x.never || !x.not && (x.node.none || x.node.limit == 0)
+	}
+	return false
+}
+
 type constCond bool
 
 func (c constCond) eval(*hydration, *row) (bool, error) { return bool(c), nil }
@@ -65,6 +86,11 @@ func simple(t *table, w *Condition) (cond, error) {
 		s.set, _ = w.Right.Value.([]any)
 	case "LIKE", "NOT LIKE", "ILIKE", "NOT ILIKE":
 		if p, ok := w.Right.Value.(string); ok {
+			if len(p) > maxLikePattern {
+				// SQLite would fail it at every hydration; refused up front,
+				// it also bounds the matcher's O(len·pattern) per row.
+				return nil, refuse("LIKE or GLOB pattern too complex: %d bytes, at most %d", len(p), maxLikePattern)
+			}
 			lp, err := compileLike(p, w.Op == "ILIKE" || w.Op == "NOT ILIKE")
 			if err != nil {
 				return nil, invalid("%s: %v", t.name, err)

@@ -127,7 +127,7 @@ type resolved struct {
 }
 
 func (h *hydration) root(n *node) error {
-	if n.limit == 0 {
+	if n.limit == 0 || n.none {
 		return nil
 	}
 	query := n.t.selectSQL
@@ -286,6 +286,9 @@ func (h *hydration) resolve(e *existsCond) error {
 	var args []any
 	res := &resolved{}
 	h.scalar[e] = res
+	if n.none {
+		return nil
+	}
 	for i, c := range n.t.pk {
 		a := sqlArg(n.t.cols[c].Kind, e.pin[i])
 		if a == nil {
@@ -334,7 +337,7 @@ func (h *hydration) children(n *node, child []int, key []any) ([]*row, error) {
 		h.lookups[n] = lk
 	}
 	k := valuesKey(key)
-	if rows, ok := lk.byKey[k]; ok || lk.bulk {
+	if rows, ok := lk.byKey[k]; ok || lk.bulk || n.none {
 		return rows, nil
 	}
 	indexed, err := h.isIndexed(n.t, child)

@@ -224,7 +224,7 @@ func (v *View) build(h *hydration, tr *tracker) error {
 		return v.eachErr
 	}
 	n := v.q.root
-	if n.limit == 0 {
+	if n.limit == 0 || n.none {
 		return nil
 	}
 	query := n.t.selectSQL
@@ -457,6 +457,10 @@ func (v *View) Update(ctx context.Context, q Querier, changes []Change) (*Diff, 
 		}
 	}
 
+	if n.none {
+		v.ready = true // no row can enter: nothing to look up
+		return v.diff(tr, h.rowsRead), nil
+	}
 	cands := map[string][]any{}
 	addCand := func(vals []any) {
 		if vals != nil {

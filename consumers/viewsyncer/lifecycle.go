@@ -3,6 +3,8 @@ package viewsyncer
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
@@ -74,6 +76,9 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 	defer unlock()
 	if !g.hasReady() || g.unloaded || snap.version <= cvrstore.StateOf(g.cvr.Version) {
 		return nil
+	}
+	if hook := advanceHook.Load(); hook != nil {
+		(*hook)(g.id)
 	}
 	g.transformPending(ctx)
 	err := g.sync(ctx, snap, changed)
@@ -269,14 +274,43 @@ func (g *group) dropIfBroken() {
 	if !g.broken || g.unloaded {
 		return
 	}
+	g.drop(newProtocolError(kindRehome, "Reconnect required"))
+}
+
+// drop forgets g, sending its clients away with err. g's lock is held.
+func (g *group) drop(err *protocolError) {
 	g.unloaded = true
 	g.stopLocked()
 	g.s.dropGroup(g)
 	for _, c := range g.conns {
 		c.ready = false
-		c.fail(newProtocolError(kindRehome, "Reconnect required"))
+		c.fail(err)
 	}
 }
+
+// contain, deferred by a goroutine that works on g outside any HTTP
+// handler, keeps a panic there to g: it logs the stack, fails g's sockets
+// with an Internal error and drops g, and the goroutine goes on with the
+// other groups. The panicking code must have released g's lock (each
+// lock() is paired with a deferred unlock).
+func (g *group) contain(where string) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	g.log.Error("panic", "in", where, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+	unlock := g.lock()
+	defer unlock()
+	if g.unloaded {
+		return
+	}
+	g.broken = true
+	g.drop(newProtocolError(kindInternal, "Internal error in the view-syncer (%s); the client group was reset", where))
+}
+
+// advanceHook, when a test sets it, runs in each group's advance, under
+// its lock: a way to make one group panic.
+var advanceHook atomic.Pointer[func(id string)]
 
 // dropGroup forgets g in memory and in the store. The store's I/O runs
 // outside s.mu, which every new connection takes; a connection of the same

@@ -418,9 +418,7 @@ func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *cha
 		wg.Go(func() {
 			defer sn.close()
 			for g := range next {
-				if err := g.advance(ctx, sn, changed); err != nil && ctx.Err() == nil {
-					g.log.Error("advance group", "err", err)
-				}
+				g.advanceContained(ctx, sn, changed)
 			}
 		})
 	}
@@ -449,25 +447,39 @@ func (s *Server) evictLoop(ctx context.Context) {
 			return
 		case now := <-t.C:
 			for _, g := range s.groupList() {
-				select {
-				case <-g.leaseDone:
-					s.leaseLost(g)
-					continue
-				default:
-				}
-				if g.maintenanceDue() {
-					g.maintain(ctx)
-				}
-				if g.unloadIfIdle(ctx, now) {
-					s.removeGroup(g)
-					s.store.Unload(ctx, g.cvr)
-					continue
-				}
-				if err := g.evict(ctx, now); err != nil && ctx.Err() == nil {
-					g.log.Error("evict", "err", err)
-				}
+				s.maintainGroup(ctx, g, now)
 			}
 		}
+	}
+}
+
+// advanceContained is g.advance, a panic in it failing g alone.
+func (g *group) advanceContained(ctx context.Context, sn *snapshot, changed *changeSet) {
+	defer g.contain("advance")
+	if err := g.advance(ctx, sn, changed); err != nil && ctx.Err() == nil {
+		g.log.Error("advance group", "err", err)
+	}
+}
+
+// maintainGroup runs evictLoop's work for g, a panic in it failing g alone.
+func (s *Server) maintainGroup(ctx context.Context, g *group, now time.Time) {
+	defer g.contain("maintenance")
+	select {
+	case <-g.leaseDone:
+		s.leaseLost(g)
+		return
+	default:
+	}
+	if g.maintenanceDue() {
+		g.maintain(ctx)
+	}
+	if g.unloadIfIdle(ctx, now) {
+		s.removeGroup(g)
+		s.store.Unload(ctx, g.cvr)
+		return
+	}
+	if err := g.evict(ctx, now); err != nil && ctx.Err() == nil {
+		g.log.Error("evict", "err", err)
 	}
 }
 

@@ -30,6 +30,12 @@ type syncFlags struct {
 	jwksURL  string
 	issuer   string
 	audience string
+	// jwksStale and jwksHTTP are the JWKS cache's grace period while
+	// refetches fail and its permission to fetch over plain HTTP.
+	jwksStale time.Duration
+	jwksHTTP  bool
+	// peerSecret signs ownership records; without it nothing is relayed.
+	peerSecret string
 
 	groupIdle time.Duration
 	leaseTTL  time.Duration
@@ -56,6 +62,10 @@ func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
 	e.strVar(fs, &a.jwksURL, "ZERO_AUTH_JWKS_URL", "")
 	e.strVar(fs, &a.issuer, "ZERO_AUTH_ISSUER", "")
 	e.strVar(fs, &a.audience, "ZERO_AUTH_AUDIENCE", "")
+	e.durationVar(fs, &a.jwksStale, "JETSYNC_AUTH_JWKS_STALE", time.Hour)
+	e.boolVar(fs, &a.jwksHTTP, "JETSYNC_AUTH_JWKS_ALLOW_HTTP", false)
+	a.peerSecret = e.str("JETSYNC_PEER_SECRET", "")
+	bindVar(fs, hidden{&a.peerSecret}, "JETSYNC_PEER_SECRET", "")
 	e.durationVar(fs, &a.groupIdle, "JETSYNC_GROUP_IDLE", viewsyncer.DefaultGroupIdle)
 	e.durationVar(fs, &a.leaseTTL, "JETSYNC_CVR_LEASE_TTL", cvrstore.DefaultLeaseTTL)
 	e.strVar(fs, &a.advertise, "JETSYNC_ADVERTISE_ADDRESS", "")
@@ -203,6 +213,8 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		AuthSecret:          a.secret,
 		AuthJWK:             a.jwk,
 		AuthJWKSURL:         a.jwksURL,
+		AuthJWKSStale:       a.jwksStale,
+		AuthJWKSAllowHTTP:   a.jwksHTTP,
 		AuthIssuer:          a.issuer,
 		AuthAudience:        a.audience,
 		CVR:                 store,

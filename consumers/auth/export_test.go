@@ -18,6 +18,9 @@ func NewJWKSCache(u string, log *slog.Logger, now func() time.Time) *jwksCache {
 	return c
 }
 
+// SetStale sets how long past JWKSMaxAge the set serves while refetches fail.
+func (c *jwksCache) SetStale(d time.Duration) { c.stale = d }
+
 func (c *jwksCache) KeyFor(ctx context.Context, alg, kid string) (any, error) {
 	return c.keyFor(ctx, alg, kid)
 }

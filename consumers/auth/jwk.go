@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -219,7 +220,7 @@ func parseJWKS(b []byte) ([]*jwk, error) {
 	return keys, nil
 }
 
-func validateJWKSURL(s string) error {
+func validateJWKSURL(s string, allowHTTP bool) error {
 	u, err := url.Parse(s)
 	if err != nil {
 		return err
@@ -230,7 +231,20 @@ func validateJWKSURL(s string) error {
 	if u.Host == "" {
 		return errors.New("no host")
 	}
+	// Whoever can answer a plain-HTTP fetch on the way picks the keys
+	// that sign every token. Loopback traffic does not cross a network.
+	if u.Scheme == "http" && !allowHTTP && !loopbackHost(u.Hostname()) {
+		return errors.New("http:// to a host other than loopback: use https://, or set JETSYNC_AUTH_JWKS_ALLOW_HTTP")
+	}
 	return nil
+}
+
+func loopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // jwksCache is ZERO_AUTH_JWKS_URL's key set: fetched when a token first
@@ -239,6 +253,7 @@ func validateJWKSURL(s string) error {
 // merged into one.
 type jwksCache struct {
 	url    string
+	stale  time.Duration // how long past JWKSMaxAge a set serves while refetches fail
 	client *http.Client
 	log    *slog.Logger
 	now    func() time.Time // time.Now; tests move it
@@ -325,8 +340,9 @@ func (c *jwksCache) get(ctx context.Context, unknown bool) ([]*jwk, error) {
 		}
 		if c.failure != nil && now.Sub(c.failed) < JWKSRetry {
 			keys, err := c.keys, c.failure
+			graced := c.graced(now)
 			c.mu.Unlock()
-			if stale {
+			if stale && !graced {
 				return nil, err
 			}
 			return keys, nil
@@ -340,18 +356,35 @@ func (c *jwksCache) get(ctx context.Context, unknown bool) ([]*jwk, error) {
 		c.mu.Lock()
 		c.inflight = nil
 		close(ch)
+		var graced bool
 		if err != nil {
 			c.failure, c.failed = err, c.now()
+			graced = stale && c.graced(c.failed)
+			keys = c.keys
 		} else {
 			c.keys, c.fetched, c.failure = keys, c.now(), nil
 		}
+		fetched := c.fetched
 		c.mu.Unlock()
+		if graced {
+			// An outage of the key server would otherwise log every
+			// user out at once.
+			c.log.Warn("fetch JWKS; using the cached set", "url", c.url, "err", err,
+				"fetched", fetched.UTC().Format(time.RFC3339), "until", fetched.Add(JWKSMaxAge+c.stale).UTC().Format(time.RFC3339))
+			return keys, nil
+		}
 		if err != nil {
 			c.log.Warn("fetch JWKS", "url", c.url, "err", err)
 			return nil, err
 		}
 		return keys, nil
 	}
+}
+
+// graced reports whether a set past JWKSMaxAge may still serve at now
+// because refetching it fails. c.mu is held.
+func (c *jwksCache) graced(now time.Time) bool {
+	return c.stale > 0 && !c.fetched.IsZero() && now.Sub(c.fetched) < JWKSMaxAge+c.stale
 }
 
 // fetch GETs the set. It is shared by every token waiting on it, so one

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -53,6 +54,54 @@ func TestJWKSCache_ConcurrentUnknownKids(t *testing.T) {
 	}
 	if got := js.Hits.Load(); got != 2 {
 		t.Errorf("JWKS fetched %d times; want 2", got)
+	}
+}
+
+func TestJWKSCache_StaleWhileDown(t *testing.T) {
+	k := authtest.Keys()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		stale time.Duration
+	}{{"Grace", time.Hour}, {"NoGrace", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			js := authtest.NewJWKSServer(t, authtest.JWKJSON(t, &k.RSA.PublicKey, "k1", "RS256"))
+			clk := authtest.NewClock(time.Now())
+			c := auth.NewJWKSCache(js.URL, slog.New(slog.DiscardHandler), clk.Now)
+			c.SetStale(tc.stale)
+			if _, err := c.KeyFor(ctx, "RS256", "k1"); err != nil {
+				t.Fatal(err)
+			}
+			js.Set(http.StatusInternalServerError)
+			clk.Advance(auth.JWKSMaxAge)
+			_, err := c.KeyFor(ctx, "RS256", "k1")
+			if tc.stale == 0 {
+				if err == nil || !strings.Contains(err.Error(), "Expected 200 OK") {
+					t.Fatalf("KeyFor with the set aged out and the server down = %v; want the fetch's error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("KeyFor within the stale period = %v; want the cached key", err)
+			}
+			// Refetches go on, at most once per JWKSRetry, and keep failing.
+			clk.Advance(auth.JWKSRetry)
+			if _, err := c.KeyFor(ctx, "RS256", "k1"); err != nil {
+				t.Fatalf("KeyFor after another failed refetch = %v; want the cached key", err)
+			}
+			if got := js.Hits.Load(); got != 3 {
+				t.Errorf("JWKS fetched %d times; want 3 (the first, then one per JWKSRetry)", got)
+			}
+			clk.Advance(tc.stale)
+			if _, err := c.KeyFor(ctx, "RS256", "k1"); err == nil || !strings.Contains(err.Error(), "Expected 200 OK") {
+				t.Fatalf("KeyFor past the stale period = %v; want the fetch's error", err)
+			}
+			js.Set(http.StatusOK, authtest.JWKJSON(t, &k.RSA.PublicKey, "k1", "RS256"))
+			clk.Advance(auth.JWKSRetry)
+			if _, err := c.KeyFor(ctx, "RS256", "k1"); err != nil {
+				t.Fatalf("KeyFor once the server is back = %v", err)
+			}
+		})
 	}
 }
 
@@ -118,6 +167,12 @@ func TestKeys_Validate(t *testing.T) {
 		{"AlgForOtherKeyType", auth.Keys{JWK: jwkWith(rsaJWK, "alg", `"ES256"`)}, "asymmetricKeyType must be ec"},
 		{"OctWithoutK", auth.Keys{JWK: `{"kty":"oct"}`}, `requires parameter "k"`},
 		{"URLScheme", auth.Keys{JWKSURL: "ftp://x/jwks"}, `ZERO_AUTH_JWKS_URL: scheme "ftp"`},
+		{"PlainHTTP", auth.Keys{JWKSURL: "http://auth.example.com/jwks"}, "ZERO_AUTH_JWKS_URL: http:// to a host other than loopback"},
+		{"PlainHTTPAllowed", auth.Keys{JWKSURL: "http://auth.example.com/jwks", JWKSAllowHTTP: true}, ""},
+		{"PlainHTTPLoopback", auth.Keys{JWKSURL: "http://127.0.0.1:8080/jwks"}, ""},
+		{"PlainHTTPLocalhost", auth.Keys{JWKSURL: "http://localhost/jwks"}, ""},
+		{"PlainHTTPLoopbackV6", auth.Keys{JWKSURL: "http://[::1]:8080/jwks"}, ""},
+		{"NegativeStale", auth.Keys{JWKSURL: "https://x/", JWKSStale: -time.Second}, "must not be negative"},
 		{"URLNoHost", auth.Keys{JWKSURL: "https:///jwks"}, "no host"},
 		{"URLRelative", auth.Keys{JWKSURL: "/jwks"}, "scheme"},
 		{"URLUnparsable", auth.Keys{JWKSURL: "http://[::1"}, "ZERO_AUTH_JWKS_URL"},

@@ -35,6 +35,13 @@ type Keys struct {
 	Logger *slog.Logger
 	// Now is the JWKS cache's clock; nil means time.Now.
 	Now func() time.Time
+	// JWKSStale is how long past JWKSMaxAge a fetched set still verifies
+	// tokens while refetching it fails; 0 refuses tokens at once, as
+	// zero-cache does.
+	JWKSStale time.Duration
+	// JWKSAllowHTTP allows an http:// JWKS URL to a host other than
+	// loopback.
+	JWKSAllowHTTP bool
 }
 
 // Validate checks k: at most one key source (a misconfiguration
@@ -57,8 +64,11 @@ func (k Keys) Validate() error {
 			return fmt.Errorf("auth: ZERO_AUTH_JWK: %w", err)
 		}
 	}
+	if k.JWKSStale < 0 {
+		return fmt.Errorf("auth: JWKS stale period %v: must not be negative", k.JWKSStale)
+	}
 	if k.JWKSURL != "" {
-		if err := validateJWKSURL(k.JWKSURL); err != nil {
+		if err := validateJWKSURL(k.JWKSURL, k.JWKSAllowHTTP); err != nil {
 			return fmt.Errorf("auth: ZERO_AUTH_JWKS_URL: %w", err)
 		}
 	}
@@ -100,6 +110,7 @@ func NewVerifier(k Keys) (*Verifier, error) {
 			log = slog.Default()
 		}
 		v.jwks = newJWKSCache(k.JWKSURL, log)
+		v.jwks.stale = k.JWKSStale
 		if k.Now != nil {
 			v.jwks.now = k.Now
 		}

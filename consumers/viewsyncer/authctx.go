@@ -13,6 +13,7 @@ func (c Config) authKeys() auth.Keys {
 	return auth.Keys{
 		Secret: c.AuthSecret, JWK: c.AuthJWK, JWKSURL: c.AuthJWKSURL,
 		Issuer: c.AuthIssuer, Audience: c.AuthAudience,
+		JWKSStale: c.AuthJWKSStale, JWKSAllowHTTP: c.AuthJWKSAllowHTTP,
 		Logger: c.Logger,
 	}
 }

@@ -87,6 +87,10 @@ type Config struct {
 	// the JSON Web Key Set it serves (jwk.go: cached, refetched for an
 	// unknown kid). At most one of AuthSecret, AuthJWK and AuthJWKSURL.
 	AuthJWKSURL string
+	// AuthJWKSStale and AuthJWKSAllowHTTP are auth.Keys' JWKSStale and
+	// JWKSAllowHTTP.
+	AuthJWKSStale     time.Duration
+	AuthJWKSAllowHTTP bool
 	// AuthIssuer and AuthAudience are ZERO_AUTH_ISSUER and
 	// ZERO_AUTH_AUDIENCE, checked when set.
 	AuthIssuer, AuthAudience string

@@ -161,6 +161,10 @@ type CVROwner struct {
 	ExpiresMs int64 `json:"expiresMs"`
 	// GrantedMs is when this owner first acquired the lease.
 	GrantedMs int64 `json:"grantedMs,omitempty"`
+	// Sig is the owner's HMAC-SHA256 over the record and its key, with the
+	// deployment's peer secret (base64url, unpadded): a peer relays
+	// connections to Address only if it checks.
+	Sig string `json:"sig,omitempty"`
 }
 
 // CVROp names a CVR event.

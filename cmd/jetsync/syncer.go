@@ -195,8 +195,16 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		cvrFile = filepath.Join(rl.dataDir, "cvr.db")
 	}
 	log := rl.log.With(logkey.Component, "view-syncer")
+	switch {
+	case a.peerSecret == "":
+		log.Info("JETSYNC_PEER_SECRET is unset: a connection for a client group a peer owns is sent away, not relayed; route each client group to one view-syncer")
+	case strings.HasPrefix(addr, "ws://"):
+		// Relayed connections carry the clients' tokens and cookies.
+		log.Warn("relayed connections, with their tokens, travel unencrypted between view-syncers: JETSYNC_ADVERTISE_ADDRESS is ws://, not wss://", "address", addr)
+	}
 	store, err := cvrstore.Open(ctx, cvrstore.Config{
 		JS: js, Shard: rl.shard, File: cvrFile, OwnerID: rl.id, Address: addr, LeaseTTL: a.leaseTTL, Logger: log,
+		PeerSecret: []byte(a.peerSecret),
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("cvr store: %w", err)

@@ -349,8 +349,7 @@ type gcLock struct {
 func (s *Store) lockGC(ctx context.Context) (*gcLock, error) {
 	now := time.Now()
 	rec := func(now time.Time) []byte {
-		b, _ := json.Marshal(streams.CVROwner{ID: s.cfg.OwnerID, Address: s.cfg.Address, ExpiresMs: now.Add(s.cfg.LeaseTTL).UnixMilli()})
-		return b
+		return s.ownerRecord(streams.CVRGCLockKey, streams.CVROwner{ID: s.cfg.OwnerID, Address: s.cfg.Address, ExpiresMs: now.Add(s.cfg.LeaseTTL).UnixMilli()})
 	}
 	rev, err := s.kv.Create(ctx, streams.CVRGCLockKey, rec(now))
 	if err == nil {
@@ -382,7 +381,7 @@ func (s *Store) lockGC(ctx context.Context) (*gcLock, error) {
 
 // renew extends the lock by LeaseTTL; an error means it was lost.
 func (l *gcLock) renew(ctx context.Context) error {
-	b, _ := json.Marshal(streams.CVROwner{ID: l.s.cfg.OwnerID, Address: l.s.cfg.Address, ExpiresMs: time.Now().Add(l.s.cfg.LeaseTTL).UnixMilli()})
+	b := l.s.ownerRecord(streams.CVRGCLockKey, streams.CVROwner{ID: l.s.cfg.OwnerID, Address: l.s.cfg.Address, ExpiresMs: time.Now().Add(l.s.cfg.LeaseTTL).UnixMilli()})
 	rev, err := l.s.kv.Update(ctx, streams.CVRGCLockKey, b, l.rev)
 	if err != nil {
 		return fmt.Errorf("cvr gc lock: %w", err)

@@ -2,9 +2,14 @@ package cvrstore
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -26,6 +31,11 @@ var ErrReleased = errors.New("cvr lease released")
 type OwnedError struct {
 	GroupID string
 	Owner   streams.CVROwner
+	// Signed is true when the record bears a good signature with the
+	// store's PeerSecret: only then may a connection be relayed to
+	// Owner.Address, since whoever can write the owners bucket could
+	// otherwise redirect clients, tokens included, anywhere.
+	Signed bool
 }
 
 func (e *OwnedError) Error() string {
@@ -112,13 +122,48 @@ func (l *Lease) end(err error) bool {
 }
 
 func (l *Lease) record(now time.Time) []byte {
-	b, _ := json.Marshal(streams.CVROwner{
+	return l.s.ownerRecord(l.key, streams.CVROwner{
 		ID:        l.s.cfg.OwnerID,
 		Address:   l.s.cfg.Address,
 		ExpiresMs: now.Add(l.s.cfg.LeaseTTL).UnixMilli(),
 		GrantedMs: l.granted,
 	})
+}
+
+// ownerRecord encodes o for key in the owners bucket, signed when the
+// store has a PeerSecret.
+func (s *Store) ownerRecord(key string, o streams.CVROwner) []byte {
+	if len(s.cfg.PeerSecret) > 0 {
+		o.Sig = base64.RawURLEncoding.EncodeToString(s.ownerMAC(key, o))
+	}
+	b, _ := json.Marshal(o)
 	return b
+}
+
+// ownerMAC is the signature of o under key. The key binds it to one group
+// and the expiry to one term, so a copied record can name only a genuine
+// peer, for the group and the time that peer claimed.
+func (s *Store) ownerMAC(key string, o streams.CVROwner) []byte {
+	m := hmac.New(sha256.New, s.cfg.PeerSecret)
+	for _, f := range []string{"jetsync owner v1", key, o.ID, o.Address,
+		strconv.FormatInt(o.ExpiresMs, 10), strconv.FormatInt(o.GrantedMs, 10)} {
+		// Length-prefixed, so no two field lists encode alike.
+		m.Write(binary.AppendUvarint(nil, uint64(len(f))))
+		m.Write([]byte(f))
+	}
+	return m.Sum(nil)
+}
+
+// PeerSecretSet reports whether the store signs and checks lease records.
+func (s *Store) PeerSecretSet() bool { return len(s.cfg.PeerSecret) > 0 }
+
+// signed reports whether o, read at key, checks with the PeerSecret.
+func (s *Store) signed(key string, o streams.CVROwner) bool {
+	if len(s.cfg.PeerSecret) == 0 || o.Sig == "" {
+		return false
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(o.Sig)
+	return err == nil && hmac.Equal(sig, s.ownerMAC(key, o))
 }
 
 // Acquire takes a group's lease: it creates the group's record, or takes
@@ -173,7 +218,7 @@ func (s *Store) acquire(ctx context.Context, groupID string, serve bool) (*Lease
 		}
 		var cur streams.CVROwner
 		if err := json.Unmarshal(e.Value(), &cur); err == nil && (cur.ID != s.cfg.OwnerID || !serve) && now.UnixMilli() < cur.ExpiresMs {
-			return nil, &OwnedError{GroupID: groupID, Owner: cur}
+			return nil, &OwnedError{GroupID: groupID, Owner: cur, Signed: s.signed(l.key, cur)}
 		}
 		rev, err = s.kv.Update(ctx, l.key, l.record(now), e.Revision())
 		if err == nil {

@@ -66,6 +66,10 @@ type Config struct {
 	OwnerID string
 	// Address is where peers forward connections for groups owned here.
 	Address string
+	// PeerSecret, shared by the deployment's view-syncers, signs this
+	// store's lease records; OwnedError.Signed tells a peer's record that
+	// checks with it. Empty signs nothing and trusts no record.
+	PeerSecret []byte
 	// LeaseTTL defaults to DefaultLeaseTTL. View-syncers' clocks must agree
 	// to well within it, since a lease's expiry is the owner's clock.
 	LeaseTTL time.Duration

@@ -524,3 +524,61 @@ func TestStore_HistoryReplaced(t *testing.T) {
 		t.Errorf("rebuilt state differs (-a +b):\n%s", d)
 	}
 }
+
+// A peer's record is Signed only when it checks with the reader's peer
+// secret; a record written by anyone else, or altered, is not.
+func TestLease_SignedRecords(t *testing.T) {
+	ns := natstest.Start(t)
+	secret := func(s string) func(*Config) { return func(c *Config) { c.PeerSecret = []byte(s) } }
+	a := openStore(t, ns, "a", "", secret("deployment"))
+	b := openStore(t, ns, "b", "", secret("deployment"))
+	other := openStore(t, ns, "c", "", secret("another deployment"))
+	none := openStore(t, ns, "d", "")
+	ctx := testCtx(t)
+	ownedBy := func(s *Store, group string) *OwnedError {
+		t.Helper()
+		_, err := s.Acquire(ctx, group)
+		var owned *OwnedError
+		if !errors.As(err, &owned) {
+			t.Fatalf("Acquire(%q) = %v; want OwnedError", group, err)
+		}
+		return owned
+	}
+
+	if _, err := a.Acquire(ctx, "g1"); err != nil {
+		t.Fatal(err)
+	}
+	if o := ownedBy(b, "g1"); !o.Signed || o.Owner.Address != "ws://a:4848" {
+		t.Errorf("b reads a's record as %+v; want it signed", o)
+	}
+	if o := ownedBy(other, "g1"); o.Signed {
+		t.Errorf("a store with another secret trusts a's record: %+v", o)
+	}
+	if o := ownedBy(none, "g1"); o.Signed {
+		t.Errorf("a store without a secret trusts a's record: %+v", o)
+	}
+
+	// Forgeries in the bucket: unsigned, a's record with its address
+	// changed, and a's record copied to another group.
+	e, err := a.kv.Get(ctx, streams.OwnerKey("g1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var genuine streams.CVROwner
+	if err := json.Unmarshal(e.Value(), &genuine); err != nil || genuine.Sig == "" {
+		t.Fatalf("a's record %s: %v; want a signature", e.Value(), err)
+	}
+	moved := genuine
+	moved.Address = "ws://attacker:80"
+	unsigned := moved
+	unsigned.Sig = ""
+	for group, rec := range map[string]streams.CVROwner{"g2": unsigned, "g3": moved, "g4": genuine} {
+		v, _ := json.Marshal(rec)
+		if _, err := a.kv.Put(ctx, streams.OwnerKey(group), v); err != nil {
+			t.Fatal(err)
+		}
+		if o := ownedBy(b, group); o.Signed {
+			t.Errorf("%s: b trusts the forged record %+v", group, o.Owner)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -207,9 +208,19 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		g, err = s.group(ctx, p.clientGroupID)
 		var owned *cvrstore.OwnedError
 		if errors.As(err, &owned) && owned.Owner.Address != "" && r.Header.Get(forwardedHeader) == "" {
-			log.Debug("forwarding to the client group's owner", logkey.ClientGroup, p.clientGroupID, logkey.Owner, owned.Owner.ID)
-			s.forward(ctx, ws, r, proto, owned)
-			return
+			if owned.Signed {
+				log.Debug("forwarding to the client group's owner", logkey.ClientGroup, p.clientGroupID, logkey.Owner, owned.Owner.ID)
+				s.forward(ctx, ws, r, proto, owned)
+				return
+			}
+			// Relaying would hand the client's token to whoever wrote the
+			// record; the client is sent away to retry instead.
+			if s.cfg.CVR != nil && s.cfg.CVR.PeerSecretSet() {
+				log.Warn("not relaying to an owner whose record is not signed with the peer secret",
+					logkey.ClientGroup, p.clientGroupID, logkey.Owner, owned.Owner.ID, "address", owned.Owner.Address)
+			} else {
+				log.Debug("not relaying: no peer secret", logkey.ClientGroup, p.clientGroupID, logkey.Owner, owned.Owner.ID)
+			}
 		}
 		if err != nil {
 			log.Info("client group not served here", logkey.ClientGroup, p.clientGroupID, "err", err)
@@ -504,7 +515,7 @@ func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Reques
 	u := strings.TrimSuffix(owned.Owner.Address, "/") + r.URL.RequestURI()
 	d := websocket.Dialer{Subprotocols: []string{proto}, HandshakeTimeout: writeTimeout,
 		ReadBufferSize: upgrader.ReadBufferSize, WriteBufferSize: upgrader.WriteBufferSize}
-	up, _, err := d.DialContext(ctx, u, http.Header{forwardedHeader: {"1"}})
+	up, _, err := d.DialContext(ctx, u, relayedHeader(r.Header))
 	if err != nil {
 		s.log.Info("forward to the client group's owner", logkey.Owner, owned.Owner.ID, "address", owned.Owner.Address, "err", err)
 		closeWithError(ws, loadError(owned))
@@ -541,4 +552,23 @@ func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Reques
 	_ = up.SetReadDeadline(time.Now().Add(closeGrace))
 	_ = ws.SetReadDeadline(time.Now().Add(closeGrace))
 	<-errc
+}
+
+// relayedHeader is what a relayed upgrade request carries of the client's:
+// everything but the handshake's own fields, which the dialer sets, so
+// that the owner sees the Cookie, Origin and other headers its API
+// server calls may forward.
+func relayedHeader(in http.Header) http.Header {
+	out := make(http.Header, len(in)+1)
+	for k, vs := range in {
+		switch http.CanonicalHeaderKey(k) {
+		case "Host", "Upgrade", "Connection", "Content-Length", "Transfer-Encoding", "Keep-Alive", "Te", "Trailer",
+			"Proxy-Connection", "Proxy-Authorization", "Sec-Websocket-Key", "Sec-Websocket-Version",
+			"Sec-Websocket-Extensions", "Sec-Websocket-Protocol", "Sec-Websocket-Accept":
+			continue
+		}
+		out[k] = slices.Clone(vs)
+	}
+	out.Set(forwardedHeader, "1")
+	return out
 }

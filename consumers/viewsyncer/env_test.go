@@ -84,7 +84,13 @@ type envOptions struct {
 	revalidate, retransform time.Duration
 	// wrapStore, if set, replaces the server's CVR store before it starts.
 	wrapStore func(cvrStore) cvrStore
+	// noPeerSecret leaves a durable store's peer secret (else
+	// testPeerSecret) unset: nothing is relayed.
+	noPeerSecret bool
 }
+
+// testPeerSecret is the durable syncers' JETSYNC_PEER_SECRET.
+const testPeerSecret = "zpeer-peer-secret"
 
 // syncer is one view-syncer over the env's replica.
 type syncer struct {
@@ -139,6 +145,13 @@ func newEnv(t testing.TB, o envOptions) *env {
 	return e
 }
 
+func peerSecret(o envOptions) []byte {
+	if o.noPeerSecret {
+		return nil
+	}
+	return []byte(testPeerSecret)
+}
+
 // use points the env's clients at s.
 func (e *env) use(s *syncer) { e.sy, e.srv, e.http = s, s.srv, s.http }
 
@@ -164,6 +177,7 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 		store, err := cvrstore.Open(context.Background(), cvrstore.Config{
 			JS: js, Shard: e.shard, File: filepath.Join(e.cvrDir, id+"-cvr.db"), OwnerID: id,
 			Address: "ws://" + s.http.Listener.Addr().String(), LeaseTTL: o.leaseTTL, Logger: cfg.Logger,
+			PeerSecret: peerSecret(o),
 		})
 		if err != nil {
 			t.Fatal(err)

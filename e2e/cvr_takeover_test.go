@@ -66,6 +66,7 @@ func (c *cvrCluster) startViewSyncer(t *testing.T, id string, extra ...string) *
 		"JETSYNC_ADVERTISE_ADDRESS="+fmt.Sprintf("ws://127.0.0.1:%d", port),
 		"JETSYNC_CVR_LEASE_TTL=2s",
 		"ZERO_AUTH_SECRET="+zeroSecret,
+		"JETSYNC_PEER_SECRET=e2e-peer-secret",
 	)
 	vs.env = append(vs.env, extra...)
 	vs.restart(t)

@@ -53,6 +53,9 @@ const (
 	composeConfDir  = "/etc/nats-cluster"
 	// topoAuthSecret signs the clients' tokens, as in docker-compose.yml.
 	topoAuthSecret = "jetsync-dev-secret-change-me-0123456789"
+	// topoPeerSecret lets the view-syncers relay to each other, as in
+	// docker-compose.yml.
+	topoPeerSecret = "jetsync-dev-peer-secret-change-me"
 )
 
 // topoNATSPasswords are the passwords of nats-config/cluster/auth.conf's
@@ -127,6 +130,7 @@ func topologyServices() []topoService {
 				"JETSYNC_ADVERTISE_ADDRESS": "ws://{addr:" + vs + ":4848}",
 				"JETSYNC_CVR_LEASE_TTL":     "5s",
 				"ZERO_AUTH_SECRET":          topoAuthSecret,
+				"JETSYNC_PEER_SECRET":       topoPeerSecret,
 				// The demo page at /demo, its pushes to demo-api.
 				"JETSYNC_DEMO_PAGE": "true",
 				"ZERO_MUTATE_URL":   "http://{addr:demo-api:4851}" + demoMutatePath,

@@ -545,6 +545,7 @@ func (c *transitionCluster) newViewSyncer(t *testing.T, id string, extra ...stri
 		"JETSYNC_ADVERTISE_ADDRESS="+fmt.Sprintf("ws://127.0.0.1:%d", port),
 		"JETSYNC_CVR_LEASE_TTL=2s",
 		"ZERO_AUTH_SECRET="+zeroSecret,
+		"JETSYNC_PEER_SECRET=e2e-peer-secret",
 		"ZERO_QUERY_URL="+c.r.api.url+"/query",
 	)
 	vs.env = append(vs.env, extra...)

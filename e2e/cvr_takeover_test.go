@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -248,7 +249,13 @@ func TestCVR_Takeover(t *testing.T) {
 	}
 
 	t.Run("OwnerKilled", func(t *testing.T) {
+		before := d.lastCookie(t, "b")
 		d.do(t, map[string]any{"cmd": "close", "client": "a"})
+		// a's query goes inactive, and b is poked about it: the catch-up
+		// starts from that poke's cookie.
+		polltest.Until(t, 10*time.Second, "b's poke about a's closed query", func() bool {
+			return d.lastCookie(t, "b") != before
+		})
 		base := d.lastCookie(t, "b")
 		mark := d.mark()
 		killed := time.Now()

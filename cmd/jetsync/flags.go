@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -27,6 +28,9 @@ type roleFlags struct {
 	// progressEvery paces the progress lines of long copies: initial
 	// syncs, backfills and restores.
 	progressEvery time.Duration
+	// adminPassword is ZERO_ADMIN_PASSWORD: it opens /statz, /heapz and
+	// the inspector.
+	adminPassword string
 }
 
 func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault string) {
@@ -38,6 +42,8 @@ func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault 
 	e.intVar(fs, &r.port, "ZERO_PORT", port)
 	e.intVar(fs, &r.keepaliveMs, "ZERO_KEEPALIVE_TIMEOUT_MS", 0)
 	e.durationVar(fs, &r.progressEvery, "JETSYNC_PROGRESS_INTERVAL", progress.DefaultInterval)
+	r.adminPassword = e.str("ZERO_ADMIN_PASSWORD", "")
+	bindVar(fs, hidden{&r.adminPassword}, "ZERO_ADMIN_PASSWORD", "")
 }
 
 // listenHTTP binds the role's port; / answers OK once ready reports true.
@@ -48,6 +54,7 @@ func (r *roleFlags) listenHTTP(reg prometheus.Gatherer, log *slog.Logger, ready 
 	}
 	h.SetReady(ready)
 	h.keepalive = time.Duration(r.keepaliveMs) * time.Millisecond
+	h.admin = adminAuth{password: r.adminPassword, dev: os.Getenv("NODE_ENV") == "development"}
 	return h, nil
 }
 

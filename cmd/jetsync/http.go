@@ -38,6 +38,8 @@ type httpServer struct {
 	// rootPage, when set before Run, answers a browser asking / for HTML
 	// (the demo page); every other GET / keeps the readiness answer.
 	rootPage http.Handler
+	// admin guards /statz and /heapz (admin.go).
+	admin adminAuth
 }
 
 // listenHTTP binds port at once, so that the address is known (port 0 picks a
@@ -69,6 +71,8 @@ func listenHTTP(port int, reg prometheus.Gatherer, log *slog.Logger) (*httpServe
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("OK"))
 	})
+	mux.HandleFunc("GET /statz", h.statz)
+	mux.HandleFunc("GET /heapz", h.heapz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError}))
 	log.Info("http listening", "addr", ln.Addr().String(), "port", h.Port(),
 		"metrics", fmt.Sprintf("http://127.0.0.1:%d/metrics", h.Port()))

@@ -290,7 +290,7 @@ func TestConfig(t *testing.T) {
 		"ZERO_QUERY_API_KEY":         "(set) env",
 		"ZERO_MUTATE_URL":            "http://api/push env ZERO_PUSH_URL",
 		"JETSYNC_NATS_URL":           "nats://u:xxxxx@nats:4222 env",
-		"ZERO_ADMIN_PASSWORD":        "(set) env no effect:",
+		"ZERO_ADMIN_PASSWORD":        "(set) env",
 		"ZERO_CVR_DB":                "postgres://u:xxxxx@pg/cvr env no effect: client view records live in the JetStream stream JETSYNC_app_0_CVR",
 		"ZERO_ENABLE_CRUD_MUTATIONS": "false env",
 		"ZERO_UPSTREAM_DB":           "postgres://u:xxxxx@pg/app env",

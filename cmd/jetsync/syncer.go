@@ -233,6 +233,9 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		RetransformInterval: a.retransform,
 		Mutagen:             mg,
 		MaxPayloadBytes:     int64(a.maxPayload),
+		AdminPassword:       h.admin.password,
+		DevelopmentMode:     h.admin.dev,
+		ServerVersion:       readVersion().inspectorVersion(),
 		Logger:              log,
 		Registerer:          rl.metrics.For("view-syncer"),
 	})

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/jetsync/jetsync/consumers/viewsyncer"
 )
@@ -76,6 +77,12 @@ func (v buildVersion) String() string {
 		s += " (" + v.Time + ")"
 	}
 	return s + fmt.Sprintf("\ngo: %s\nsync protocol: %d-%d\n", v.Go, v.MinProto, v.MaxProto)
+}
+
+// inspectorVersion is the inspector's version answer: what `jetsync
+// version` prints, on one line.
+func (v buildVersion) inspectorVersion() string {
+	return strings.Join(strings.Split(strings.TrimSpace(v.String()), "\n"), "; ")
 }
 
 // attrs are the version's log attributes, for the startup line.

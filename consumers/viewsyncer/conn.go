@@ -51,6 +51,8 @@ type conn struct {
 	g   *group
 	ws  *websocket.Conn
 	log *slog.Logger
+	// proto is the sync protocol version of the connect URL.
+	proto int
 
 	clientID, wsID, userID string
 	// token and claims are the connect-time auth; the group's auth
@@ -172,7 +174,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &conn{
-		s: s, ws: ws, clientID: p.clientID, wsID: p.wsID, userID: p.userID,
+		s: s, ws: ws, proto: version, clientID: p.clientID, wsID: p.wsID, userID: p.userID,
 		base: p.baseCookie, hasBase: p.hasBase, wake: make(chan struct{}, 1),
 		log: log.With(logkey.ClientGroup, p.clientGroupID, logkey.Client, p.clientID),
 	}
@@ -309,6 +311,8 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 		err = c.g.push(ctx, c, u.Push)
 	case tagAckMutationResponses:
 		err = c.g.ackMutationResponses(c, u.AckMutationResponses)
+	case tagInspect:
+		c.g.inspect(ctx, c, u.Inspect)
 	}
 	if err != nil {
 		if !expectedError(err) {

@@ -82,6 +82,9 @@ type envOptions struct {
 	// maintenance intervals.
 	api                     bool
 	revalidate, retransform time.Duration
+	// adminPassword and devMode open the inspector.
+	adminPassword string
+	devMode       bool
 	// wrapStore, if set, replaces the server's CVR store before it starts.
 	wrapStore func(cvrStore) cvrStore
 	// noPeerSecret leaves a durable store's peer secret (else
@@ -168,7 +171,8 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	mux.HandleFunc("GET /metrics", func(http.ResponseWriter, *http.Request) {})
 	s.http = httptest.NewUnstartedServer(mux)
 	cfg := Config{ReplicaFile: e.file, Replica: e.cons, Shard: e.shard, AuthSecret: o.secret, GroupIdle: o.groupIdle,
-		GC: o.gc, Logger: e.log.With("syncer", id), RevalidateInterval: o.revalidate, RetransformInterval: o.retransform}
+		GC: o.gc, Logger: e.log.With("syncer", id), RevalidateInterval: o.revalidate, RetransformInterval: o.retransform,
+		AdminPassword: o.adminPassword, DevelopmentMode: o.devMode, ServerVersion: "jetsync test"}
 	if e.api != nil {
 		cfg.API.Query.URLs = []string{e.api.http.URL + "/query"}
 		cfg.API.Mutate.URLs = []string{e.api.http.URL + "/mutate"}

@@ -60,6 +60,10 @@ type group struct {
 	// the first push. stopPush ends it.
 	pusher   *appapi.Pusher
 	stopPush context.CancelFunc
+	// inspectAuthed is set once a client gave the admin password;
+	// timings are the queries' inspector metrics (inspect.go).
+	inspectAuthed bool
+	timings       map[string]*queryTiming
 	// counted is what the group adds to the queries and rows gauges.
 	countedQueries, countedRows int
 }

@@ -3,6 +3,7 @@ package viewsyncer
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/consumers/zql"
@@ -110,6 +111,7 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 		u.Release(id, p.hash)
 	}
 	delete(g.pipelines, p.hash)
+	delete(g.timings, p.hash)
 	u.Unget(p.hash)
 }
 
@@ -118,6 +120,7 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 // Rows are taken, and streamed, as the evaluation brings them.
 func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
 	now := make(map[string]struct{}, len(p.rows))
+	start := time.Now()
 	rowsRead, err := p.view.HydrateEach(ctx, snap.tx, func(r zql.RowValue) error {
 		id, key, err := rowID(r)
 		if err != nil {
@@ -131,6 +134,9 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 	})
 	if err != nil {
 		return fmt.Errorf("hydrate %s: %w", p.hash, err)
+	}
+	if !p.internal {
+		g.timeHydration(p.hash, time.Since(start))
 	}
 	g.s.metrics.hydrations.Inc()
 	g.s.metrics.rowsRead.Add(float64(rowsRead))
@@ -146,9 +152,13 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 // update moves p's view to snap, given the rows changed since its last
 // snapshot, and the CVR's references with it.
 func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeline, changes []zql.Change) error {
+	start := time.Now()
 	d, err := p.view.Update(ctx, snap.tx, changes)
 	if err != nil {
 		return fmt.Errorf("update %s: %w", p.hash, err)
+	}
+	if !p.internal {
+		g.timeUpdate(p.hash, time.Since(start))
 	}
 	g.s.metrics.rowsRead.Add(float64(d.RowsRead))
 	if d.Rehydrated {

@@ -121,6 +121,7 @@ type upstream struct {
 	UpdateAuth           *updateAuthBody
 	Push                 *appapi.PushBody
 	AckMutationResponses *appapi.MutationID
+	Inspect              *inspectBody
 }
 
 // errInvalidMessage is wrapped by every decodeUpstream error.
@@ -195,7 +196,12 @@ func decodeUpstream(b []byte) (*upstream, error) {
 		if err := decodeObject(body, u.AckMutationResponses); err != nil {
 			return nil, invalidMessage("%s: %v", tag, err)
 		}
-	case tagPing, tagPull, tagInspect:
+	case tagInspect:
+		u.Inspect = &inspectBody{}
+		if err := decodeObject(body, u.Inspect); err != nil {
+			return nil, invalidMessage("%s: %v", tag, err)
+		}
+	case tagPing, tagPull:
 		var m map[string]json.RawMessage
 		if err := decodeObject(body, &m); err != nil {
 			return nil, invalidMessage("%s: %v", tag, err)

@@ -126,6 +126,13 @@ type Config struct {
 	RevalidateInterval, RetransformInterval time.Duration
 	// Clock drives auth maintenance; nil means the system clock.
 	Clock auth.Clock
+	// AdminPassword is ZERO_ADMIN_PASSWORD, which opens the inspector;
+	// DevelopmentMode (NODE_ENV=development) opens it without one when
+	// none is set, as zero-cache does.
+	AdminPassword   string
+	DevelopmentMode bool
+	// ServerVersion is what the inspector's version op answers.
+	ServerVersion string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, gets the server's metrics.
@@ -228,6 +235,7 @@ type Server struct {
 	auth    *auth.Verifier   // nil: no key configured
 	api     *appapi.Client   // nil: no query or mutate URL configured
 	metrics *metrics
+	inspect inspectStats
 	// bg tracks the groups' pushers, which closeAll waits for.
 	bg             sync.WaitGroup
 	clientsTable   string

@@ -199,6 +199,9 @@ func (g *group) inspectOp(ctx context.Context, c *conn, b *inspectBody, down *in
 		down.Op = "authenticated"
 		return g.inspectAuthed, nil
 	}
+	if g.cvr == nil {
+		return nil, errors.New("the client group is not loaded")
+	}
 	if !g.inspectAuthed {
 		// zero-cache's challenge: the client asks for the password and
 		// retries.

@@ -28,20 +28,9 @@ import (
 // shows, and saves it as docs/demo.png with -update-screenshot.
 func TestDemo_Browser(t *testing.T) {
 	chrome := chromiumPath(t)
-	bin := pgBin(t)
-	root := dataRoot(t)
-	dataDir := filepath.Join(root, "data")
-	t.Cleanup(func() { stopStrayPostgres(t, bin, filepath.Join(dataDir, "postgres")) })
+	dataDir := filepath.Join(dataRoot(t), "data")
 	began := time.Now()
-
-	srv := start(t, []string{
-		"JETSYNC_DATA_DIR=" + dataDir,
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=127.0.0.1:0",
-		"JETSYNC_DEMO_PG_PORT=0",
-		"JETSYNC_PG_BIN=" + bin,
-		"ZERO_LOG_FORMAT=json",
-	}, "run")
+	srv := startDemoRun(t, dataDir)
 	pgURL := str(t, srv.logRecord(t, "demo upstream ready: connect with psql", 90*time.Second), "url")
 	pageURL := str(t, srv.logRecord(t, "demo page: open it in a browser", 30*time.Second), "url")
 	httpPort := int(srv.logRecord(t, "http listening", 30*time.Second)["port"].(float64))

@@ -33,18 +33,8 @@ const demoMutatePath = "/demo/api/mutate"
 // in <shard>.mutations (its data rolled back), cleanup deleting results, and
 // a bad push answered PushFailed.
 func TestDemo_PushEndpoint(t *testing.T) {
-	bin := pgBin(t)
-	root := dataRoot(t)
-	dataDir := filepath.Join(root, "data")
-	t.Cleanup(func() { stopStrayPostgres(t, bin, filepath.Join(dataDir, "postgres")) })
-	srv := start(t, []string{
-		"JETSYNC_DATA_DIR=" + dataDir,
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=127.0.0.1:0",
-		"JETSYNC_DEMO_PG_PORT=0",
-		"JETSYNC_PG_BIN=" + bin,
-		"ZERO_LOG_FORMAT=json",
-	}, "run")
+	dataDir := filepath.Join(dataRoot(t), "data")
+	srv := startDemoRun(t, dataDir)
 	pgURL := str(t, srv.logRecord(t, "demo upstream ready: connect with psql", 90*time.Second), "url")
 	mutateURL := str(t, srv.logRecord(t, "demo page: open it in a browser", 30*time.Second), "mutate_url")
 	httpPort := int(srv.logRecord(t, "http listening", 30*time.Second)["port"].(float64))

@@ -207,6 +207,23 @@ func (p *proc) logRecord(t *testing.T, msg string, timeout time.Duration) map[st
 	return rec
 }
 
+// startDemoRun starts `jetsync run` with its demo upstream, in dataDir and
+// on free ports, logging JSON; the demo Postgres is stopped at cleanup even
+// if jetsync could not stop it.
+func startDemoRun(t *testing.T, dataDir string, env ...string) *proc {
+	t.Helper()
+	bin := pgBin(t)
+	t.Cleanup(func() { stopStrayPostgres(t, bin, filepath.Join(dataDir, "postgres")) })
+	return start(t, append([]string{
+		"JETSYNC_DATA_DIR=" + dataDir,
+		"ZERO_PORT=0",
+		"JETSYNC_NATS_LISTEN=127.0.0.1:0",
+		"JETSYNC_DEMO_PG_PORT=0",
+		"JETSYNC_PG_BIN=" + bin,
+		"ZERO_LOG_FORMAT=json",
+	}, env...), "run")
+}
+
 func TestHelp(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"run", "--help"}, {"tail", "-h"}, {"replay", "--help"}} {
 		out, err := exec.Command(jetsyncBin, args...).CombinedOutput()
@@ -230,16 +247,7 @@ func TestRun_FreshMachine(t *testing.T) {
 	bin := pgBin(t)
 	root := dataRoot(t)
 	dataDir := filepath.Join(root, "data")
-	t.Cleanup(func() { stopStrayPostgres(t, bin, filepath.Join(dataDir, "postgres")) })
-
-	srv := start(t, []string{
-		"JETSYNC_DATA_DIR=" + dataDir,
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=127.0.0.1:0",
-		"JETSYNC_DEMO_PG_PORT=0",
-		"JETSYNC_PG_BIN=" + bin,
-		"ZERO_LOG_FORMAT=json",
-	}, "run")
+	srv := startDemoRun(t, dataDir)
 	natsURL := str(t, srv.logRecord(t, "nats listening", 30*time.Second), "url")
 	pgURL := str(t, srv.logRecord(t, "demo upstream ready: connect with psql", 90*time.Second), "url")
 	httpPort := int(srv.logRecord(t, "http listening", 30*time.Second)["port"].(float64))
@@ -644,12 +652,7 @@ func stopStrayPostgres(t *testing.T, bin, dir string) {
 func TestRoles(t *testing.T) {
 	bin := pgBin(t)
 	root := dataRoot(t)
-	hostDir := filepath.Join(root, "host")
-	t.Cleanup(func() { stopStrayPostgres(t, bin, filepath.Join(hostDir, "postgres")) })
-	host := start(t, []string{
-		"JETSYNC_DATA_DIR=" + hostDir, "ZERO_PORT=0", "JETSYNC_NATS_LISTEN=127.0.0.1:0",
-		"JETSYNC_DEMO_PG_PORT=0", "JETSYNC_PG_BIN=" + bin, "ZERO_LOG_FORMAT=json",
-	}, "run")
+	host := startDemoRun(t, filepath.Join(root, "host"))
 	natsURL := str(t, host.logRecord(t, "nats listening", 30*time.Second), "url")
 	pgURL := str(t, host.logRecord(t, "demo upstream ready: connect with psql", 90*time.Second), "url")
 

@@ -75,9 +75,6 @@ func (s *Subscription) NextRead(ctx context.Context, begin func() error) (Update
 			}
 			return u, nil
 		}
-		if s.isClosed() {
-			return Update{}, ErrClosed
-		}
 		select {
 		case <-s.ready:
 		case <-ctx.Done():
@@ -86,16 +83,12 @@ func (s *Subscription) NextRead(ctx context.Context, begin func() error) (Update
 	}
 }
 
+// pending reports whether Next has something to return: changes, or
+// ErrClosed.
 func (s *Subscription) pending() bool {
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
 	return s.closed || s.reset || len(s.changes) > 0 || s.from != s.to
-}
-
-func (s *Subscription) isClosed() bool {
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	return s.closed
 }
 
 // take returns what changed since the last take; ok is false once the

@@ -74,6 +74,9 @@ type Options struct {
 	ReadTimeout time.Duration
 	// ReadBufferSize is the websocket's (gorilla's default when zero).
 	ReadBufferSize int
+	// BaseCookie, when set, reconnects from the cookie of the last poke
+	// the client completed (Poke.Cookie), as the real client does.
+	BaseCookie string
 }
 
 // Client is one Zero client speaking sync protocol v51 over a websocket.
@@ -93,7 +96,7 @@ func Dial(base string, o Options) (*Client, error) {
 		"clientGroupID": {o.Group},
 		"clientID":      {o.Client},
 		"userID":        {"u000001"},
-		"baseCookie":    {""},
+		"baseCookie":    {o.BaseCookie},
 		"ts":            {strconv.FormatInt(time.Now().UnixMilli(), 10)},
 		"lmid":          {"0"},
 		"wsid":          {"ws-" + o.Client},
@@ -188,6 +191,7 @@ type Poke struct {
 	Rows    int               // row puts
 	Markers []string          // issue titles put starting with the marker
 	End     time.Time         // when its pokeEnd arrived
+	Cookie  string            // the pokeEnd's cookie
 }
 
 // NextPoke reads one whole poke. Rows are counted without decoding them; a
@@ -248,6 +252,13 @@ func (c *Client) NextPoke(marker string) (*Poke, error) {
 				return nil, fmt.Errorf("pokeEnd outside a poke: %.200s", data)
 			}
 			p.End = time.Now()
+			var frame [2]json.RawMessage
+			var end struct {
+				Cookie string `json:"cookie"`
+			}
+			if json.Unmarshal(data, &frame) == nil && json.Unmarshal(frame[1], &end) == nil {
+				p.Cookie = end.Cookie
+			}
 			return p, nil
 		default:
 			// pong, connected, pushResponse, pull responses and the like.

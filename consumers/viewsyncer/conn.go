@@ -206,14 +206,17 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var g *group
+	relayUntil := time.Now().Add(relayBudget)
 	for {
 		g, err = s.group(ctx, p.clientGroupID)
 		var owned *cvrstore.OwnedError
 		if errors.As(err, &owned) && owned.Owner.Address != "" && r.Header.Get(forwardedHeader) == "" {
 			if owned.Signed {
 				log.Debug("forwarding to the client group's owner", logkey.ClientGroup, p.clientGroupID, logkey.Owner, owned.Owner.ID)
-				s.forward(ctx, ws, r, proto, owned)
-				return
+				if s.forward(ctx, ws, r, proto, owned, relayUntil) {
+					return
+				}
+				continue // the owner did not answer and its lease lapsed: take the group here
 			}
 			// Relaying would hand the client's token to whoever wrote the
 			// record; the client is sent away to retry instead.
@@ -510,20 +513,52 @@ func loadError(err error) *protocolError {
 // each think the other owns a group do not bounce a client between them.
 const forwardedHeader = "X-Jetsync-Forwarded"
 
+// relayBudget bounds how long a connection waits on its group's owner
+// before it is served here or sent away: less than the real client's 10 s
+// connect timeout, so that the client hears the outcome.
+const relayBudget = 8 * time.Second
+
+// leaseLapseGrace is how long past an owner's lease expiry a relay keeps
+// waiting for it: a live owner renews well before then.
+const leaseLapseGrace = 250 * time.Millisecond
+
 // forward serves a client whose group a live peer owns through that peer:
 // it opens the same sync URL there and relays frames both ways until
 // either side closes, so that any view-syncer can take any connection
-// (no sticky load balancer). A peer it cannot reach gets the client sent
-// away with Rehome, to retry shortly.
-func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Request, proto string, owned *cvrstore.OwnedError) {
+// (no sticky load balancer). It reports whether it dealt with the
+// connection. A peer that does not answer before its lease lapses (a
+// stopped or dead process, which renews nothing) is not waited for past
+// the lapse: forward returns false, having written nothing, and the
+// caller takes the group over. A peer it cannot reach by until, while
+// its lease holds, gets the client sent away with Rehome, to retry
+// shortly.
+func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Request, proto string, owned *cvrstore.OwnedError, until time.Time) bool {
+	lapse := time.UnixMilli(owned.Owner.ExpiresMs).Add(leaseLapseGrace)
+	deadline := until
+	if lapse.Before(until) {
+		deadline = lapse
+	}
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	u := strings.TrimSuffix(owned.Owner.Address, "/") + r.URL.RequestURI()
-	d := websocket.Dialer{Subprotocols: []string{proto}, HandshakeTimeout: writeTimeout,
+	d := websocket.Dialer{Subprotocols: []string{proto},
 		ReadBufferSize: upgrader.ReadBufferSize, WriteBufferSize: upgrader.WriteBufferSize}
-	up, _, err := d.DialContext(ctx, u, relayedHeader(r.Header))
+	up, _, err := d.DialContext(dctx, u, relayedHeader(r.Header))
 	if err != nil {
+		if ctx.Err() == nil && lapse.Before(until) {
+			// Refused or unanswered: wait out the lease, then look again.
+			t := time.NewTimer(time.Until(lapse))
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+				s.log.Info("the client group's owner did not answer before its lease lapsed", logkey.Owner, owned.Owner.ID, "address", owned.Owner.Address, "err", err)
+				return false
+			}
+		}
 		s.log.Info("forward to the client group's owner", logkey.Owner, owned.Owner.ID, "address", owned.Owner.Address, "err", err)
 		closeWithError(ws, loadError(owned))
-		return
+		return true
 	}
 	defer up.Close()
 	s.metrics.connections.Inc()
@@ -556,6 +591,7 @@ func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Reques
 	_ = up.SetReadDeadline(time.Now().Add(closeGrace))
 	_ = ws.SetReadDeadline(time.Now().Add(closeGrace))
 	<-errc
+	return true
 }
 
 // relayedHeader is what a relayed upgrade request carries of the client's:

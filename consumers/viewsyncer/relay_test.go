@@ -157,3 +157,43 @@ func TestRelay_NoPeerSecret(t *testing.T) {
 	connect(t, e, dialOpts{group: "g", client: "c2", init: initFrame(testSchema)}).
 		expectError(kindRehome, "CVR ownership was transferred to vs-a at ", closeNormal)
 }
+
+// An owner that takes the connection but never answers, as a stopped
+// (SIGSTOP) or hung process does, holds the client only until its lease
+// lapses: then the group is taken over and served here, well within the
+// client's connect timeout, instead of the relay waiting out its own.
+func TestRelay_SilentOwnerUntilItsLeaseLapses(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 5, durable: true})
+	sink := newTCPSink(t)
+	_, js := natstest.Connect(t, e.ns)
+	const ttl = time.Second
+	// Nothing renews this store's lease (no Run): it lapses after ttl.
+	store, err := cvrstore.Open(context.Background(), cvrstore.Config{JS: js, Shard: e.shard,
+		File: filepath.Join(t.TempDir(), "peer-cvr.db"), OwnerID: "stopped", Address: "ws://" + sink.addr,
+		PeerSecret: []byte(testPeerSecret), LeaseTTL: ttl, Logger: e.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if _, err := store.Acquire(context.Background(), "silent"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c := connect(t, e, dialOpts{group: "silent", client: "c1", init: initFrame(testSchema)})
+	c.expect("connected")
+	took := time.Since(start)
+	if sink.conns.Load() == 0 {
+		t.Error("the owner was not tried first")
+	}
+	if took > ttl+3*time.Second {
+		t.Errorf("served %v after connecting; want soon after the owner's lease (%v) lapsed", took.Round(time.Millisecond), ttl)
+	}
+	owner, err := store.Owner(context.Background(), "silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner.ID == "stopped" {
+		t.Errorf("the group is still owned by %+v", owner)
+	}
+	t.Logf("served %v after connecting, by %s", took.Round(time.Millisecond), owner.ID)
+}

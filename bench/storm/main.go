@@ -311,7 +311,7 @@ func run(o options) error {
 		committed := benchenv.PacedRetitles(ctx, pool, o.rate, perStep, 8, window, func(i int) string { return marker + strconv.Itoa(first+i) })
 		wg.Wait()
 		// Every update reaches every watcher, or the step fails.
-		deadline := time.Now().Add(time.Minute)
+		deadline := time.Now().Add(3 * time.Minute)
 		for _, w := range watchers {
 			for i := range perStep {
 				for committed[i].Load() != 0 && w.arrived[first+i].Load() == 0 {
@@ -319,7 +319,7 @@ func run(o options) error {
 						return fmt.Errorf("watcher: %w", *e)
 					}
 					if time.Now().After(deadline) {
-						return fmt.Errorf("step %d: update %d did not reach a watcher within a minute", n, first+i)
+						return fmt.Errorf("step %d: update %d did not reach a watcher within 3 minutes", n, first+i)
 					}
 					time.Sleep(10 * time.Millisecond)
 				}

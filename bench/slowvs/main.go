@@ -20,6 +20,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -82,9 +84,15 @@ var hotQuery = syncclient.NewQuery(`{"table":"issue","limit":30,"orderBy":[["id"
 // reached it.
 type client struct {
 	vs      int
+	base    string // the view-syncer's URL
+	name    string
 	c       *syncclient.Client
+	cookie  string
 	arrived []atomic.Int64 // update index → Unix nanoseconds of its pokeEnd
 	err     atomic.Pointer[error]
+	// rehomed counts the times the server sent it away (Rehome), after
+	// which it reconnected from its cookie, as the real client does.
+	rehomed atomic.Int64
 }
 
 func run(o options) error {
@@ -170,8 +178,7 @@ func run(o options) error {
 	for v, vs := range vss {
 		for k := range o.clients {
 			name := fmt.Sprintf("slowvs-%d-%d", v, k)
-			c, err := syncclient.Dial(vs.Base, syncclient.Options{Group: name, Client: name,
-				Init: syncclient.InitConnection(hotQuery.Put(300000)), ReadTimeout: o.stop + time.Minute})
+			c, err := dial(vs.Base, name, "", o.stop+time.Minute)
 			if err != nil {
 				return err
 			}
@@ -179,9 +186,9 @@ func run(o options) error {
 			if _, _, err := c.WaitGot(hotQuery.Hash); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
-			cl := &client{vs: v, c: c, arrived: make([]atomic.Int64, total)}
+			cl := &client{vs: v, base: vs.Base, name: name, c: c, arrived: make([]atomic.Int64, total)}
 			clients = append(clients, cl)
-			go cl.read(marker, total)
+			go cl.read(marker, total, o.stop+time.Minute)
 		}
 	}
 	fmt.Printf("%d clients on each of 3 view-syncers hold the query; %d updates/s\n", o.clients, o.rate)
@@ -213,15 +220,25 @@ func run(o options) error {
 			}
 		}
 	}
-	for _, vs := range vss {
-		if err := vs.AliveNoError(); err != nil {
+	for i, vs := range vss {
+		for _, rec := range vs.Log.Matching(func(r map[string]any) bool {
+			return (r["level"] == "WARN" || r["level"] == "ERROR") && !startupWarnings[fmt.Sprint(r["msg"])]
+		}) {
+			fmt.Printf("vs-%d %v %v: %v %v\n", i, rec["time"], rec["level"], rec["msg"], rec["err"])
+		}
+	}
+	// Errors are printed above, not fatal: a client sent away reconnects,
+	// and its updates are checked like the others'.
+	for _, vs := range append(vss, cs) {
+		if err := vs.Alive(); err != nil {
 			return err
 		}
 	}
 
 	stop, resume := stoppedAt.Load(), resumedAt.Load()
 	var before, during, after []time.Duration
-	var caughtUp int64 // when the last update committed during the stop reached the last of the stopped one's clients
+	curve := map[int][]time.Duration{} // 5 s of commit time from the stop → the others' latencies
+	var caughtUp int64                 // when the last update committed during the stop reached the last of the stopped one's clients
 	for i := range total {
 		at := committed[i].Load()
 		if at == 0 {
@@ -236,6 +253,8 @@ func run(o options) error {
 				continue
 			}
 			d := max(0, time.Duration(got-at))
+			b := int(math.Floor(float64(at-stop) / float64(5*time.Second)))
+			curve[b] = append(curve[b], d)
 			switch {
 			case at < stop:
 				before = append(before, d)
@@ -257,7 +276,18 @@ func run(o options) error {
 	fmt.Printf("| during the stop (%v) | %.1f ms | %.1f ms |\n", o.stop, ms(d50), ms(d99))
 	fmt.Printf("| after SIGCONT (%v) | %.1f ms | %.1f ms |\n", o.after, ms(a50), ms(a99))
 	fmt.Printf("| during / before | %.2fx | %.2fx |\n", r50, r99)
+	var points []string
+	for _, b := range slices.Sorted(maps.Keys(curve)) {
+		points = append(points, fmt.Sprintf("%+ds %.0f", 5*b, ms(pct(curve[b], 99))))
+	}
+	fmt.Printf("the others' p99 (ms) per 5 s of commit time from the stop (SIGCONT at %+.0fs): %s\n", o.stop.Seconds(), strings.Join(points, ", "))
 	fmt.Printf("the stopped view-syncer's clients had every update of the stop %.0f ms after SIGCONT\n", ms(time.Duration(caughtUp-resume)))
+	rehomed := make([]int64, len(vss))
+	for _, c := range clients {
+		rehomed[c.vs] += c.rehomed.Load()
+	}
+	fmt.Printf("clients sent away (Rehome) and reconnected from their cookie, per view-syncer: %v\n", rehomed)
+
 	verdict := "met"
 	if r50 > aimRatio || r99 > aimRatio {
 		verdict = "NOT met"
@@ -266,15 +296,37 @@ func run(o options) error {
 	return nil
 }
 
+// startupWarnings are what every view-syncer of this set-up warns at startup.
+var startupWarnings = map[string]bool{
+	"relayed connections, with their tokens, travel unencrypted between view-syncers: JETSYNC_ADVERTISE_ADDRESS is ws://, not wss://": true,
+	"legacy CRUD mutations are refused (InvalidPush): no ZERO_UPSTREAM_DB to write them to":                                           true,
+}
+
+// dial connects client name of the view-syncer at base, from cookie.
+func dial(base, name, cookie string, readTimeout time.Duration) (*syncclient.Client, error) {
+	return syncclient.Dial(base, syncclient.Options{Group: name, Client: name, BaseCookie: cookie,
+		Init: syncclient.InitConnection(hotQuery.Put(300000)), ReadTimeout: readTimeout})
+}
+
 // read notes when each marked update reached the client. A poke that
 // catches up on several updates of one row carries only the last: it
 // delivers the earlier ones too.
-func (c *client) read(marker string, total int) {
+func (c *client) read(marker string, total int, readTimeout time.Duration) {
 	for {
 		p, err := c.c.NextPoke(marker)
+		if err != nil && strings.Contains(err.Error(), `"kind":"Rehome"`) {
+			c.rehomed.Add(1)
+			c.c.Close()
+			if c.c, err = dial(c.base, c.name, c.cookie, readTimeout); err == nil {
+				continue
+			}
+		}
 		if err != nil {
 			c.err.Store(&err)
 			return
+		}
+		if p.Cookie != "" {
+			c.cookie = p.Cookie
 		}
 		for _, t := range p.Markers {
 			k, ok := strings.CutPrefix(t, marker)

@@ -227,6 +227,19 @@ func (l *LogWatch) first(key, value string) (map[string]any, time.Time) {
 	return nil, time.Time{}
 }
 
+// Matching returns the records for which keep is true, in order.
+func (l *LogWatch) Matching(keep func(rec map[string]any) bool) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, r := range l.recs {
+		if keep(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Tail returns the last 20 records, one JSON object a line.
 func (l *LogWatch) Tail() string {
 	l.mu.Lock()

@@ -244,5 +244,6 @@ func (u *upstreamFlags) source(rl role, upstream string, scfg streams.Config, js
 		Logger:        rl.log,
 		Registerer:    rl.metrics.For("change-streamer"),
 		Fence:         fence,
+		SpillDir:      rl.dataDir,
 	}, js)
 }

@@ -57,6 +57,10 @@ type Config struct {
 	// publishes nothing more even before its context ends (the stream's
 	// expected last sequence stays the final fence).
 	Fence func() error
+	// SpillDir holds the transactions Postgres streams before their
+	// commit, until it (files unlinked on creation); "" is the system's
+	// temp directory.
+	SpillDir string
 }
 
 var publicationRe = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)

@@ -11,6 +11,9 @@ type metrics struct {
 	changes      prometheus.Counter
 	lastSeq      prometheus.Gauge
 	confirmed    prometheus.Gauge
+	// streamedCommits and streamedAborts count the transactions Postgres
+	// streamed before their end.
+	streamedCommits, streamedAborts prometheus.Counter
 	// initialSync and backfill are the copies' progress.
 	initialSync, backfill *progress.Metrics
 }
@@ -33,6 +36,14 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "jetsync_producer_confirmed_lsn",
 			Help: "LSN confirmed to the upstream replication slot.",
 		}),
+		streamedCommits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetsync_producer_streamed_commits",
+			Help: "Upstream transactions streamed before their commit, then committed.",
+		}),
+		streamedAborts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetsync_producer_streamed_aborts",
+			Help: "Upstream transactions streamed before their end, then rolled back.",
+		}),
 	}
 	var err error
 	if m.initialSync, err = progress.NewMetrics(r, "jetsync_initial_sync", "the initial sync"); err != nil {
@@ -42,7 +53,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if r != nil {
-		for _, c := range []prometheus.Collector{m.transactions, m.changes, m.lastSeq, m.confirmed} {
+		for _, c := range []prometheus.Collector{m.transactions, m.changes, m.lastSeq, m.confirmed, m.streamedCommits, m.streamedAborts} {
 			if err := r.Register(c); err != nil {
 				return nil, err
 			}

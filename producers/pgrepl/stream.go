@@ -33,7 +33,10 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 	err = pglogrepl.StartReplication(ctx, replConn, pos.slot, pos.startLSN, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
-			"proto_version '1'",
+			// Protocol 2 streams a large transaction while it runs, rather
+			// than only after its commit (streamed.go).
+			"proto_version '2'",
+			"streaming 'on'",
 			"publication_names " + publicationNames(up.publications),
 			"messages 'true'",
 		},
@@ -125,6 +128,8 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 			return ctx.Err()
 		}
 	}
+	stx := newStreamedTxs(s.cfg.SpillDir)
+	defer stx.close()
 	for {
 		msg, err := receive(ctx, conn, idle)
 		if err != nil {
@@ -157,7 +162,31 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 				if err != nil {
 					return fmt.Errorf("parse xlogdata: %w", err)
 				}
-				m, err := parsePgoutput(xld.WALData)
+				data := xld.WALData
+				if len(data) == 0 {
+					continue
+				}
+				if stx.inBlock() {
+					switch {
+					case data[0] == byte(pglogrepl.MessageTypeStreamStop):
+						err = stx.stop()
+					case isStreamControl(data[0]) || data[0] == byte(pglogrepl.MessageTypeBegin) || data[0] == byte(pglogrepl.MessageTypeCommit):
+						err = fmt.Errorf("pgoutput message %q at %s inside a stream block", data[0], xld.WALStart)
+					default:
+						err = stx.add(data)
+					}
+					if err != nil {
+						return err
+					}
+					continue
+				}
+				if isStreamControl(data[0]) {
+					if err := s.streamControl(ctx, stx, dec, data, emit); err != nil {
+						return err
+					}
+					continue
+				}
+				m, err := parsePgoutput(data)
 				if err != nil {
 					return fmt.Errorf("parse pgoutput at %s: %w", xld.WALStart, err)
 				}

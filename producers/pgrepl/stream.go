@@ -162,35 +162,7 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 				if err != nil {
 					return fmt.Errorf("parse xlogdata: %w", err)
 				}
-				data := xld.WALData
-				if len(data) == 0 {
-					continue
-				}
-				if stx.inBlock() {
-					switch {
-					case data[0] == byte(pglogrepl.MessageTypeStreamStop):
-						err = stx.stop()
-					case isStreamControl(data[0]) || data[0] == byte(pglogrepl.MessageTypeBegin) || data[0] == byte(pglogrepl.MessageTypeCommit):
-						err = fmt.Errorf("pgoutput message %q at %s inside a stream block", data[0], xld.WALStart)
-					default:
-						err = stx.add(data)
-					}
-					if err != nil {
-						return err
-					}
-					continue
-				}
-				if isStreamControl(data[0]) {
-					if err := s.streamControl(ctx, stx, dec, data, emit); err != nil {
-						return err
-					}
-					continue
-				}
-				m, err := parsePgoutput(data)
-				if err != nil {
-					return fmt.Errorf("parse pgoutput at %s: %w", xld.WALStart, err)
-				}
-				if err := dec.decode(ctx, m, emit); err != nil {
+				if err := s.walData(ctx, stx, dec, xld.WALStart, xld.WALData, emit); err != nil {
 					return err
 				}
 			}
@@ -200,6 +172,32 @@ func (s *Source) read(ctx context.Context, conn *pgconn.PgConn, dec *decoder, ev
 			return errors.New("upstream ended replication")
 		}
 	}
+}
+
+// walData handles one pgoutput message: inside a stream block it goes to
+// the streamed transaction's file; otherwise it is decoded, or, for a
+// stream message, handled (streamed.go).
+func (s *Source) walData(ctx context.Context, stx *streamedTxs, dec *decoder, at pglogrepl.LSN, data []byte, emit func(event) error) error {
+	if len(data) == 0 {
+		return nil
+	}
+	if stx.inBlock() {
+		switch {
+		case data[0] == byte(pglogrepl.MessageTypeStreamStop):
+			return stx.stop()
+		case isStreamControl(data[0]) || data[0] == byte(pglogrepl.MessageTypeBegin) || data[0] == byte(pglogrepl.MessageTypeCommit):
+			return fmt.Errorf("pgoutput message %q at %s inside a stream block", data[0], at)
+		}
+		return stx.add(data)
+	}
+	if isStreamControl(data[0]) {
+		return s.streamControl(ctx, stx, dec, data, emit)
+	}
+	m, err := parsePgoutput(data)
+	if err != nil {
+		return fmt.Errorf("parse pgoutput at %s: %w", at, err)
+	}
+	return dec.decode(ctx, m, emit)
 }
 
 // receive waits for the next replication message, at most idle when it is

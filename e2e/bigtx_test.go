@@ -86,6 +86,13 @@ func TestBigTransaction(t *testing.T) {
 	}
 	committed := time.Now()
 	t.Logf("big transaction: %d rows inserted in %s, committed in %s", bigRows, commitStart.Sub(bigStart).Round(time.Millisecond), committed.Sub(commitStart).Round(time.Millisecond))
+	// 200 MB of changes pass logical_decoding_work_mem (64 MB by default):
+	// Postgres streamed it before its commit (pgoutput protocol 2), so the
+	// heap bound below holds on that path.
+	polltest.Until(t, 30*time.Second, "Postgres to count the big transaction as streamed", func() bool {
+		_, n := s.streamBlocks()
+		return n >= 1
+	})
 
 	polltest.Until(t, 80*time.Second, "the big transaction in the replica", func() bool {
 		if cs.exited() || rep.exited() {

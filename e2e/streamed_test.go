@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -290,5 +291,11 @@ func TestCrash_StreamedTransaction(t *testing.T) {
 	})
 	if code := p.stop(t, 30*time.Second); code != 0 {
 		t.Errorf("change-streamer exit code %d after SIGTERM; want 0", code)
+	}
+	// The transactions' files were unlinked as they were made: SIGKILLs
+	// leave none behind.
+	left, err := filepath.Glob(filepath.Join(c.root, "cs", "jetsync-streamed-*"))
+	if err != nil || len(left) > 0 {
+		t.Errorf("spill files left in the data directory: %v %v", left, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -42,6 +43,7 @@ var upgrader = websocket.Upgrader{
 	CheckOrigin:     func(*http.Request) bool { return true },
 	ReadBufferSize:  16 << 10,
 	WriteBufferSize: 64 << 10,
+	WriteBufferPool: sharedWriteBuffers,
 }
 
 // conn is one client websocket. Its handler goroutine reads and processes
@@ -73,6 +75,12 @@ type conn struct {
 	closing   bool
 	closeData []byte
 	wake      chan struct{}
+	// held is the bytes this socket holds of the server's send budget:
+	// queued, or taken by the writer and not yet written.
+	held atomic.Int64
+	// slow is set once the socket is closed for not reading: the writer
+	// stops writing what it holds.
+	slow atomic.Bool
 }
 
 // connectParams are the URL's query parameters (docs/protocol.md §2.1).
@@ -144,6 +152,14 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
+	release, refuse, early := s.admit()
+	if early {
+		refuseEarly(w)
+		return
+	}
+	if release != nil {
+		defer release()
+	}
 	proto := r.Header.Get("Sec-WebSocket-Protocol")
 	var hdr http.Header
 	if proto != "" {
@@ -154,6 +170,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return // Upgrade has answered
 	}
 	defer ws.Close()
+	if refuse != nil {
+		closeWithError(ws, refuse)
+		return
+	}
 	ws.SetReadLimit(s.cfg.MaxPayloadBytes)
 	log := s.log.With(logkey.WSID, r.URL.Query().Get("wsid"))
 
@@ -245,6 +265,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.connections.Inc()
 	defer s.metrics.connections.Dec()
+	s.adm.add(c)
+	defer s.adm.remove(c)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -340,27 +362,33 @@ func expectedError(err error) bool {
 }
 
 // enqueue queues frames to send, all or none. A client whose queue would
-// pass the limit is closed: it catches up when it reconnects.
+// pass its limit is closed: it catches up when it reconnects. When all
+// queues together pass the server's budget, the sockets holding the most
+// are closed (shed).
 func (c *conn) enqueue(frames ...[]byte) bool {
 	n := 0
 	for _, f := range frames {
 		n += len(f)
 	}
 	c.qmu.Lock()
-	defer c.qmu.Unlock()
 	if c.closing {
+		c.qmu.Unlock()
 		return false
 	}
-	if c.qbytes+n > c.s.cfg.MaxQueueBytes {
-		c.s.metrics.closedSlow.Inc()
-		c.log.Warn("closing a client that does not keep up", "queued_bytes", c.qbytes)
-		c.setClosingLocked(websocket.CloseTryAgainLater, "send queue full")
+	if c.held.Load()+int64(n) > int64(c.s.cfg.MaxQueueBytes) {
+		c.qmu.Unlock()
+		c.closeSlow()
 		return false
 	}
 	c.queue = append(c.queue, frames...)
 	c.qbytes += n
+	c.account(n)
 	c.signal()
-	return true
+	c.qmu.Unlock()
+	if c.s.adm.queued.Load() > c.s.sendBudget() {
+		c.s.shed()
+	}
+	return !c.isClosing()
 }
 
 func (c *conn) signal() {
@@ -428,12 +456,36 @@ func (c *conn) writeLoop() {
 		c.qmu.Lock()
 		frames, closing, closeData := c.queue, c.closing, c.closeData
 		c.queue, c.qbytes = nil, 0
+		slow := c.slow.Load()
 		c.qmu.Unlock()
-		for _, f := range frames {
+		if slow {
+			for _, f := range frames {
+				c.account(-len(f))
+			}
+			frames = nil
+		}
+		for i, f := range frames {
+			if c.slow.Load() {
+				// Closed for not reading meanwhile: the rest is dropped,
+				// and the next round sends the close frame.
+				for _, rest := range frames[i:] {
+					c.account(-len(rest))
+				}
+				closing = false
+				break
+			}
 			_ = c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
-			if err := c.ws.WriteMessage(websocket.TextMessage, f); err != nil {
+			err := c.ws.WriteMessage(websocket.TextMessage, f)
+			c.account(-len(f))
+			if err != nil {
 				c.log.Debug("write", "err", err)
+				for _, rest := range frames[i+1:] {
+					c.account(-len(rest))
+				}
 				c.closeQuietly()
+				c.qmu.Lock()
+				c.dropQueueLocked()
+				c.qmu.Unlock()
 				_ = c.ws.Close()
 				return
 			}
@@ -442,7 +494,14 @@ func (c *conn) writeLoop() {
 			last = time.Now()
 		}
 		if closing {
-			_ = c.ws.WriteControl(websocket.CloseMessage, closeData, time.Now().Add(writeTimeout))
+			c.qmu.Lock()
+			c.dropQueueLocked()
+			c.qmu.Unlock()
+			timeout := writeTimeout
+			if c.slow.Load() {
+				timeout = closeGrace
+			}
+			_ = c.ws.WriteControl(websocket.CloseMessage, closeData, time.Now().Add(timeout))
 			// Let the reader see the client's close frame, or give up.
 			_ = c.ws.SetReadDeadline(time.Now().Add(closeGrace))
 			return

@@ -14,6 +14,7 @@ type metrics struct {
 	hydrations  prometheus.Counter
 	fallbacks   prometheus.Counter
 	rowsRead    prometheus.Counter
+	refused     *prometheus.CounterVec
 
 	// zero-cache's metrics, named as
 	// zero.<category>.<name> is on a Prometheus endpoint.
@@ -47,8 +48,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		closedSlow: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "jetsync", Subsystem: "sync", Name: "slow_clients_closed_total",
-			Help: "Connections closed because their send queue overflowed.",
+			Help: "Connections closed because their send queue overflowed, or held the most of the server's send budget when it ran out.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "jetsync", Subsystem: "sync", Name: "refused_total",
+			Help: "Connections and query changes refused at a bound, by reason: connections, memory, queries.",
+		}, []string{"reason"}),
 		hydrations: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "jetsync", Subsystem: "sync", Name: "query_hydrations_total",
 			Help: "Full query hydrations: new queries, and re-runs after a reset or a rules or schema change.",
@@ -121,7 +126,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		promreg.Register(reg, &m.pokes, &m.advances, &m.closedSlow, &m.hydrations, &m.fallbacks, &m.rowsRead,
 			&m.transformHashChanges, &m.transformNoOps, &m.pushes, &m.customMutations),
 		promreg.Register(reg, &m.lockWait, &m.transformTime, &m.groupQueries, &m.groupRows),
-		promreg.Register(reg, &m.pipelineResets, &m.transformations),
+		promreg.Register(reg, &m.pipelineResets, &m.transformations, &m.refused),
 	} {
 		if err != nil {
 			return nil, err

@@ -43,6 +43,8 @@ type protocolError struct {
 	// MaxBackoffMs caps a backoff kind's reconnect delay (docs/protocol.md
 	// §9.4); 0 means at once.
 	MaxBackoffMs *int `json:"maxBackoffMs,omitempty"`
+	// MinBackoffMs is the least a backoff kind's reconnect delay.
+	MinBackoffMs *int `json:"minBackoffMs,omitempty"`
 
 	closeCode int
 }

@@ -98,6 +98,16 @@ type Config struct {
 	MaxPayloadBytes int64
 	// MaxQueueBytes defaults to DefaultMaxQueueBytes.
 	MaxQueueBytes int
+	// MaxConnections, SendBudgetBytes and MaxQueriesPerClient bound
+	// what clients make the server hold (admission.go); each defaults to
+	// its Default*, and a negative value means no bound.
+	MaxConnections      int
+	SendBudgetBytes     int64
+	MaxQueriesPerClient int
+	// MemoryLimit, when positive, is the process's memory ceiling
+	// (JETSYNC_MEMORY_LIMIT): as its resident size nears it, the server
+	// sheds load.
+	MemoryLimit int64
 	// CVR, if set, keeps the client groups' CVRs durable on JetStream and
 	// gives each group one owner among the view-syncers sharing it; Run
 	// renews the leases. Nil keeps CVRs in this process's memory.
@@ -158,6 +168,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GroupIdle == 0 {
 		c.GroupIdle = DefaultGroupIdle
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.SendBudgetBytes == 0 {
+		c.SendBudgetBytes = DefaultSendBudgetBytes
+	}
+	if c.SendBudgetBytes < 0 {
+		c.SendBudgetBytes = 1<<63 - 1
+	}
+	if c.MaxQueriesPerClient == 0 {
+		c.MaxQueriesPerClient = DefaultMaxQueriesPerClient
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -244,6 +266,8 @@ type Server struct {
 
 	// draining is set once Run ends: new connections are sent away.
 	draining atomic.Bool
+	// adm accounts for the sockets and their send queues.
+	adm admission
 
 	// loadMu serializes the schema and permissions loads of openSnapshot:
 	// two racing ones would each build their own copy of an unchanged
@@ -340,6 +364,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { s.evictLoop(ctx) })
+	wg.Go(func() { s.monitorMemory(ctx) })
 	if s.owners != nil {
 		wg.Go(func() {
 			if err := s.owners.Run(ctx); err != nil {

@@ -18,10 +18,12 @@ import (
 //   - JETSYNC_PPROF_ADDR: an address (such as 127.0.0.1:6060) to serve
 //     net/http/pprof on; empty (the default) serves nothing. Profiles
 //     expose internals: bind it to loopback.
-//   - JETSYNC_MEMORY_LIMIT: the Go runtime's soft memory limit, in bytes or
-//     with a KiB/MiB/GiB suffix (debug.SetMemoryLimit): past it the
-//     collector runs more often, trading CPU for a lower peak. Empty (the
-//     default) leaves Go's own GOMEMLIMIT, unset meaning no limit.
+//   - JETSYNC_MEMORY_LIMIT: the process's memory ceiling, in bytes or with
+//     a KiB/MiB/GiB suffix. The Go runtime's soft limit (debug.SetMemoryLimit)
+//     is set below it, so that the collector runs more often, trading CPU
+//     for a lower peak, before the view-syncer starts shedding load
+//     (viewsyncer.Config.MemoryLimit). Empty (the default) leaves Go's own
+//     GOMEMLIMIT, unset meaning no limit.
 const (
 	envPprofAddr   = "JETSYNC_PPROF_ADDR"
 	envMemoryLimit = "JETSYNC_MEMORY_LIMIT"
@@ -35,7 +37,7 @@ func setupRuntime(getenv func(string) string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", envMemoryLimit, err)
 		}
-		debug.SetMemoryLimit(n)
+		debug.SetMemoryLimit(softMemoryLimit(n))
 	}
 	if addr := getenv(envPprofAddr); addr != "" {
 		ln, err := net.Listen("tcp", addr)
@@ -55,6 +57,11 @@ func setupRuntime(getenv func(string) string) error {
 	}
 	return nil
 }
+
+// softMemoryLimit is the Go runtime's share of the ceiling n: what is
+// left covers the binary's mapped pages and the time the shedding takes to
+// bite.
+func softMemoryLimit(n int64) int64 { return n / 10 * 7 }
 
 // parseBytes reads a byte count: digits, optionally followed by KiB, MiB or
 // GiB.

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"runtime/debug"
+	"testing"
+)
 
 func TestParseBytes(t *testing.T) {
 	tests := []struct {
@@ -30,5 +33,19 @@ func TestSetupRuntime(t *testing.T) {
 	env := map[string]string{envMemoryLimit: "lots"}
 	if err := setupRuntime(func(k string) string { return env[k] }); err == nil {
 		t.Error("a malformed memory limit was accepted")
+	}
+}
+
+func TestSetupRuntimeMemoryLimit(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	env := map[string]string{envMemoryLimit: "1GiB"}
+	if err := setupRuntime(func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	// The runtime's soft limit leaves room below the ceiling for the
+	// view-syncer's shedding to act.
+	if got, want := debug.SetMemoryLimit(-1), int64(1<<30)/10*7; got != want {
+		t.Errorf("soft memory limit %d; want %d", got, want)
 	}
 }

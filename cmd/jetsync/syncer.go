@@ -44,6 +44,10 @@ type syncFlags struct {
 	// maxPayload is zero-cache's ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES.
 	maxPayload int
 	gc         cvrstore.GCConfig
+	// The bounds of admission.go; memoryLimit is JETSYNC_MEMORY_LIMIT.
+	maxConns, maxQueries int
+	sendBudget           int
+	memoryLimit          int64
 
 	// api is the app's API server (ZERO_QUERY_*, ZERO_MUTATE_* and their
 	// deprecated aliases); revalidate and retransform pace auth maintenance.
@@ -75,6 +79,13 @@ func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
 	a.gc.Interval = e.units("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", cvrstore.DefaultGCInterval, time.Second)
 	bindVar(fs, units{&a.gc.Interval, time.Second}, "ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", "")
 	e.intVar(fs, &a.maxPayload, "ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES", viewsyncer.DefaultMaxPayloadBytes)
+	e.intVar(fs, &a.maxConns, "JETSYNC_MAX_CONNECTIONS", viewsyncer.DefaultMaxConnections)
+	e.intVar(fs, &a.sendBudget, "JETSYNC_SEND_BUDGET_BYTES", viewsyncer.DefaultSendBudgetBytes)
+	e.intVar(fs, &a.maxQueries, "JETSYNC_MAX_QUERIES_PER_CLIENT", viewsyncer.DefaultMaxQueriesPerClient)
+	if v, ok := e.lookup(envMemoryLimit); ok && v != "" {
+		// A malformed value stops the process in setupRuntime already.
+		a.memoryLimit, _ = parseBytes(v)
+	}
 	a.registerAPI(fs, e)
 	a.crud.register(fs, e)
 	e.intVar(fs, &a.gc.BatchSize, "ZERO_CVR_GARBAGE_COLLECTION_INITIAL_BATCH_SIZE", cvrstore.DefaultGCBatchSize)
@@ -233,6 +244,10 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		RetransformInterval: a.retransform,
 		Mutagen:             mg,
 		MaxPayloadBytes:     int64(a.maxPayload),
+		MaxConnections:      a.maxConns,
+		SendBudgetBytes:     int64(a.sendBudget),
+		MaxQueriesPerClient: a.maxQueries,
+		MemoryLimit:         a.memoryLimit,
 		AdminPassword:       h.admin.password,
 		DevelopmentMode:     h.admin.dev,
 		ServerVersion:       readVersion().inspectorVersion(),

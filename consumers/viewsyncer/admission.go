@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"slices"
 	"strconv"
@@ -41,6 +42,11 @@ const (
 	// memorySample is how often the memory monitor reads the process's
 	// resident size.
 	memorySample = 50 * time.Millisecond
+	// freeInterval spaces the monitor's forced collections while under
+	// pressure: garbage, and free pages the runtime keeps, would otherwise
+	// hold the resident size up, and the server refusing work, long after
+	// the load left.
+	freeInterval = 5 * time.Second
 	// overloadBackoffMs is the least a refused client waits before it
 	// reconnects.
 	overloadBackoffMs = 2000
@@ -231,16 +237,17 @@ func (s *Server) monitorMemory(ctx context.Context) {
 	t := time.NewTicker(memorySample)
 	defer t.Stop()
 	last := pressureNone
+	var freed time.Time
 	for {
 		rss := residentBytes()
-		s.adm.rss.Store(rss)
-		lvl := pressureNone
-		switch {
-		case float64(rss) >= dropFraction*float64(limit):
-			lvl = pressureDrop
-		case float64(rss) >= shedFraction*float64(limit):
-			lvl = pressureShed
+		lvl := levelAt(rss, limit)
+		if lvl > pressureNone && time.Since(freed) >= freeInterval {
+			debug.FreeOSMemory()
+			freed = time.Now()
+			rss = residentBytes()
+			lvl = levelAt(rss, limit)
 		}
+		s.adm.rss.Store(rss)
 		s.adm.level.Store(int32(lvl))
 		if lvl != last {
 			s.log.Warn("memory pressure changed", "level", lvl.String(), "rss", rss, "limit", limit)
@@ -256,6 +263,16 @@ func (s *Server) monitorMemory(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+func levelAt(rss, limit int64) pressure {
+	switch {
+	case float64(rss) >= dropFraction*float64(limit):
+		return pressureDrop
+	case float64(rss) >= shedFraction*float64(limit):
+		return pressureShed
+	}
+	return pressureNone
 }
 
 func (p pressure) String() string {

@@ -48,6 +48,7 @@ type syncFlags struct {
 	maxConns, maxQueries int
 	sendBudget           int
 	memoryLimit          int64
+	pruneAge             time.Duration
 
 	// api is the app's API server (ZERO_QUERY_*, ZERO_MUTATE_* and their
 	// deprecated aliases); revalidate and retransform pace auth maintenance.
@@ -79,6 +80,7 @@ func (a *syncFlags) register(fs *flag.FlagSet, e *env) {
 	a.gc.Interval = e.units("ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", cvrstore.DefaultGCInterval, time.Second)
 	bindVar(fs, units{&a.gc.Interval, time.Second}, "ZERO_CVR_GARBAGE_COLLECTION_INITIAL_INTERVAL_SECONDS", "")
 	e.intVar(fs, &a.maxPayload, "ZERO_WEBSOCKET_MAX_PAYLOAD_BYTES", viewsyncer.DefaultMaxPayloadBytes)
+	e.durationVar(fs, &a.pruneAge, "JETSYNC_CVR_PRUNE_AGE", viewsyncer.DefaultCVRPruneAge)
 	e.intVar(fs, &a.maxConns, "JETSYNC_MAX_CONNECTIONS", viewsyncer.DefaultMaxConnections)
 	e.intVar(fs, &a.sendBudget, "JETSYNC_SEND_BUDGET_BYTES", viewsyncer.DefaultSendBudgetBytes)
 	e.intVar(fs, &a.maxQueries, "JETSYNC_MAX_QUERIES_PER_CLIENT", viewsyncer.DefaultMaxQueriesPerClient)
@@ -248,6 +250,7 @@ func newSyncServer(ctx context.Context, h *httpServer, rl role, js jetstream.Jet
 		SendBudgetBytes:     int64(a.sendBudget),
 		MaxQueriesPerClient: a.maxQueries,
 		MemoryLimit:         a.memoryLimit,
+		CVRPruneAge:         a.pruneAge,
 		AdminPassword:       h.admin.password,
 		DevelopmentMode:     h.admin.dev,
 		ServerVersion:       readVersion().inspectorVersion(),

@@ -39,6 +39,13 @@ type CVR struct {
 	Queries map[string]*Query
 	Rows    map[string]*Row
 
+	// PrunedThrough is the newest patch version of a record Prune
+	// dropped: a cookie older than it cannot be caught up. "" while
+	// nothing was pruned.
+	PrunedThrough string
+	// marks are the versions the CVR was at, and when (MarkVersion).
+	marks []versionMark
+
 	// Now is the wall clock the TTL clock follows; nil is time.Now.
 	Now func() time.Time
 	// clockAt is when the TTL clock was last advanced; zero while it is

@@ -90,6 +90,8 @@ type envOptions struct {
 	// noPeerSecret leaves a durable store's peer secret (else
 	// testPeerSecret) unset: nothing is relayed.
 	noPeerSecret bool
+	// pruneAge is the server's CVRPruneAge.
+	pruneAge time.Duration
 }
 
 // testPeerSecret is the durable syncers' JETSYNC_PEER_SECRET.
@@ -172,7 +174,7 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	s.http = httptest.NewUnstartedServer(mux)
 	cfg := Config{ReplicaFile: e.file, Replica: e.cons, Shard: e.shard, AuthSecret: o.secret, GroupIdle: o.groupIdle,
 		GC: o.gc, Logger: e.log.With("syncer", id), RevalidateInterval: o.revalidate, RetransformInterval: o.retransform,
-		AdminPassword: o.adminPassword, DevelopmentMode: o.devMode, ServerVersion: "jetsync test"}
+		AdminPassword: o.adminPassword, DevelopmentMode: o.devMode, ServerVersion: "jetsync test", CVRPruneAge: o.pruneAge}
 	if e.api != nil {
 		cfg.API.Query.URLs = []string{e.api.http.URL + "/query"}
 		cfg.API.Mutate.URLs = []string{e.api.http.URL + "/mutate"}

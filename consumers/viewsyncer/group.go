@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
@@ -41,6 +42,8 @@ type group struct {
 	// the group left memory, so that a connection holding it retries.
 	idleSince time.Time
 	unloaded  bool
+	// pruneDue is when prune runs next (unix ns); read without mu.
+	pruneDue atomic.Int64
 	// leaseDone, if not nil, is closed when the store lost the group's
 	// ownership. Set before the group is published; read without mu.
 	leaseDone <-chan struct{}

@@ -212,6 +212,8 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 			return newProtocolError(kindClientNotFound, "Client not found")
 		case c.base > v:
 			return newProtocolError(kindInvalidConnectionBaseCookie, "CVR is at version %s", v)
+		case c.base < g.cvr.PrunedThrough:
+			return errPruned
 		}
 	}
 	schemaRaw := body.ClientSchema

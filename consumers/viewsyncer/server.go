@@ -104,6 +104,10 @@ type Config struct {
 	MaxConnections      int
 	SendBudgetBytes     int64
 	MaxQueriesPerClient int
+	// CVRPruneAge is how long a loaded group keeps the records only an
+	// old cookie's catch-up needs; DefaultCVRPruneAge when 0, never
+	// pruned when negative.
+	CVRPruneAge time.Duration
 	// MemoryLimit, when positive, is the process's memory ceiling
 	// (JETSYNC_MEMORY_LIMIT): as its resident size nears it, the server
 	// sheds load.
@@ -177,6 +181,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SendBudgetBytes < 0 {
 		c.SendBudgetBytes = 1<<63 - 1
+	}
+	if c.CVRPruneAge == 0 {
+		c.CVRPruneAge = DefaultCVRPruneAge
 	}
 	if c.MaxQueriesPerClient == 0 {
 		c.MaxQueriesPerClient = DefaultMaxQueriesPerClient
@@ -518,6 +525,7 @@ func (s *Server) maintainGroup(ctx context.Context, g *group, now time.Time) {
 	if err := g.evict(ctx, now); err != nil && ctx.Err() == nil {
 		g.log.Error("evict", "err", err)
 	}
+	g.prune(now)
 }
 
 // groupList lists the loaded groups.

@@ -34,8 +34,8 @@ const (
 // Memory pressure levels, as fractions of Config.MemoryLimit: from
 // shedFraction the server refuses new sockets and new queries and keeps
 // its send queues to a quarter of their budget; from dropFraction it
-// refuses sockets before the upgrade (HTTP 503) and empties the send
-// queues, closing the sockets that held them.
+// refuses sockets before the upgrade (HTTP 503) and keeps the queues to a
+// sixteenth, closing the sockets that hold the most.
 const (
 	shedFraction = 0.75
 	dropFraction = 0.90
@@ -143,7 +143,7 @@ func (s *Server) sendBudget() int64 {
 	case pressureShed:
 		b /= 4
 	case pressureDrop:
-		b = 0
+		b /= 16
 	}
 	return b
 }

@@ -85,3 +85,56 @@ func TestServer_SlowReaderShed(t *testing.T) {
 	e.tx("public", "issue", streams.Change{Op: streams.OpUpdate, New: streams.Row{"id": raw("i0000001"), "title": raw("after the shed")}})
 	waitPatch(fast, "after the shed")
 }
+
+// TestServer_ShedLargestFirst: of two clients that stopped reading, the one
+// holding the most of the send budget is closed first.
+func TestServer_ShedLargestFirst(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 200})
+	const budget = 3 << 20
+	e.srv.cfg.SendBudgetBytes = budget
+	dialStalled(t, e, "big", "b", initFrame(testSchema, put("all", `{"table":"issue"}`, 0)))
+	dialStalled(t, e, "small", "s", initFrame(testSchema, put("q", `{"table":"issue","orderBy":[["id","asc"]],"limit":100}`, 0)))
+	waitFor(t, "both groups", func() bool {
+		e.srv.mu.Lock()
+		defer e.srv.mu.Unlock()
+		return e.srv.groups["big"] != nil && e.srv.groups["small"] != nil
+	})
+	var small *conn
+	e.srv.adm.mu.Lock()
+	for c := range e.srv.adm.conns {
+		if c.clientID == "s" {
+			small = c
+		}
+	}
+	e.srv.adm.mu.Unlock()
+	if small == nil {
+		t.Fatal("the small client is not admitted")
+	}
+	pad := strings.Repeat("x", 4000)
+	for round := 0; counterValue(t, e.srv.metrics.closedSlow) == 0; round++ {
+		if round == 200 {
+			t.Fatal("no client was closed")
+		}
+		// Every round changes 150 rows: all in the big window, 100 in the
+		// small one.
+		for from := 1; from <= 150; from += 50 {
+			cs := make([]streams.Change, 0, 50)
+			for i := from; i < from+50; i++ {
+				cs = append(cs, streams.Change{Op: streams.OpUpdate, New: streams.Row{
+					"id": raw(fmt.Sprintf("i%07d", i)), "title": raw(fmt.Sprintf("round %d %s", round, pad))}})
+			}
+			e.tx("public", "issue", cs...)
+		}
+		e.waitWM(e.wm)
+	}
+	t.Logf("the small client holds %d bytes", small.held.Load())
+	if small.held.Load() == 0 {
+		t.Fatal("the small client holds nothing: the test shows no order")
+	}
+	if small.isClosing() {
+		t.Errorf("the client holding %d bytes was closed before the one holding the most", small.held.Load())
+	}
+	if n := counterValue(t, e.srv.metrics.closedSlow); n != 1 {
+		t.Errorf("%v clients closed; want 1", n)
+	}
+}

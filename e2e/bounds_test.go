@@ -236,14 +236,15 @@ func TestBounds_SlowReader(t *testing.T) {
 	}
 	t.Logf("watchers' commit→poke: while the client read p50 %v max %v (%d), while a client did not read p50 %v max %v (%d), after it was closed p50 %v max %v (%d)",
 		median(before), slices.Max(before), len(before), median(during), slices.Max(during), len(during), median(after), slices.Max(after), len(after))
-	// Nobody else slows down: on a shared machine, within twice the
-	// median while it read plus 50 ms, and no change later than a second.
+	// Nobody else slows down: on a shared machine, a median within twice
+	// the one while it read plus 50 ms, and no change later than a second
+	// or twice the worst while it read.
 	limit := 2*median(before) + 50*time.Millisecond
 	if median(during) > limit || median(after) > limit {
 		t.Errorf("the watchers slowed down: p50 %v while a client did not read, %v after; %v while it read", median(during), median(after), median(before))
 	}
-	if m := slices.Max(slices.Concat(during, after)); m > time.Second {
-		t.Errorf("a watcher waited %v for a change", m)
+	if m := slices.Max(slices.Concat(during, after)); m > max(time.Second, 2*slices.Max(before)) {
+		t.Errorf("a watcher waited %v for a change; at worst %v while the client read", m, slices.Max(before))
 	}
 }
 

@@ -84,6 +84,11 @@ func TestServer_SlowReaderShed(t *testing.T) {
 	waitFor(t, "the stalled client's socket to close", func() bool { return e.srv.adm.sockets.Load() == 1 })
 	e.tx("public", "issue", streams.Change{Op: streams.OpUpdate, New: streams.Row{"id": raw("i0000001"), "title": raw("after the shed")}})
 	waitPatch(fast, "after the shed")
+	// Every byte is given back once the sockets are gone.
+	_ = fast.ws.Close()
+	waitFor(t, "the send budget to be whole again", func() bool {
+		return e.srv.adm.queued.Load() == 0 && e.srv.adm.sockets.Load() == 0
+	})
 }
 
 // TestServer_ShedLargestFirst: of two clients that stopped reading, the one

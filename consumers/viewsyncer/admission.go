@@ -37,8 +37,12 @@ const (
 // refuses sockets before the upgrade (HTTP 503) and keeps the queues to a
 // sixteenth, closing the sockets that hold the most.
 const (
-	shedFraction = 0.75
-	dropFraction = 0.90
+	// From cautionFraction, hydrations of new queries run one at a time,
+	// each admitted on a fresh reading: the ones in flight when the
+	// pressure rises would otherwise overshoot it together.
+	cautionFraction = 0.40
+	shedFraction    = 0.75
+	dropFraction    = 0.90
 	// memorySample is how often the memory monitor reads the process's
 	// resident size.
 	memorySample = 50 * time.Millisecond
@@ -77,6 +81,9 @@ type admission struct {
 	// shedding serialises shed passes, so that two enqueues over the
 	// budget do not both close a victim for the same overflow.
 	shedding sync.Mutex
+	// hydrating is held by the one hydration of new queries that runs
+	// under caution (admitHydration).
+	hydrating sync.Mutex
 }
 
 func (a *admission) pressure() pressure { return pressure(a.level.Load()) }
@@ -310,8 +317,9 @@ var sharedWriteBuffers websocket.BufferPool = &sync.Pool{}
 // checkQueries refuses, before anything is saved, a patch that would leave
 // the client desiring more queries than the bound (active ones, and
 // inactive ones whose TTL still runs), and under memory pressure any
-// query the group does not have yet. Called with g.mu held.
-func (g *group) checkQueries(clientID string, ops []queryPatchOp, clock float64) *protocolError {
+// query the group does not have yet. Called with g.mu held; the caller
+// runs release once the patch's queries hydrated.
+func (g *group) checkQueries(clientID string, ops []queryPatchOp, clock float64) (release func(), perr *protocolError) {
 	limit := g.s.cfg.MaxQueriesPerClient
 	held := map[string]bool{}
 	if cl := g.cvr.Clients[clientID]; cl != nil {
@@ -337,11 +345,36 @@ func (g *group) checkQueries(clientID string, ops []queryPatchOp, clock float64)
 	}
 	if limit > 0 && len(held) > limit {
 		g.s.metrics.refused.WithLabelValues("queries").Inc()
-		return newProtocolError(kindInternal, "Too many queries: a client may desire at most %d at once, counting those whose TTL still runs", limit)
+		return nil, newProtocolError(kindInternal, "Too many queries: a client may desire at most %d at once, counting those whose TTL still runs", limit)
 	}
-	if added && g.s.adm.pressure() >= pressureShed {
-		g.s.metrics.refused.WithLabelValues("memory").Inc()
-		return overloaded("Server is low on memory: new queries are refused for now")
+	if !added {
+		return func() {}, nil
 	}
-	return nil
+	return g.s.admitHydration()
+}
+
+// errLowMemory refuses new queries under memory pressure.
+var errLowMemory = overloaded("Server is low on memory: new queries are refused for now")
+
+// admitHydration admits the hydration of new queries: refused under
+// pressure, one at a time under caution, each on a fresh reading of the
+// resident size.
+func (s *Server) admitHydration() (release func(), perr *protocolError) {
+	limit := s.cfg.MemoryLimit
+	refuse := func() (func(), *protocolError) {
+		s.metrics.refused.WithLabelValues("memory").Inc()
+		return nil, errLowMemory
+	}
+	if s.adm.pressure() >= pressureShed {
+		return refuse()
+	}
+	if limit <= 0 || float64(residentBytes()) < cautionFraction*float64(limit) {
+		return func() {}, nil
+	}
+	s.adm.hydrating.Lock()
+	if levelAt(residentBytes(), limit) >= pressureShed {
+		s.adm.hydrating.Unlock()
+		return refuse()
+	}
+	return s.adm.hydrating.Unlock, nil
 }

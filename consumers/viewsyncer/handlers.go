@@ -242,9 +242,11 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	if err != nil {
 		return err
 	}
-	if perr := g.checkQueries(c.clientID, body.DesiredQueriesPatch, g.ttlClock(time.Now())); perr != nil {
+	release, perr := g.checkQueries(c.clientID, body.DesiredQueriesPatch, g.ttlClock(time.Now()))
+	if perr != nil {
 		return perr
 	}
+	defer release()
 	asts, err := parseASTs(body.DesiredQueriesPatch, snap)
 	if err != nil {
 		return err
@@ -353,9 +355,11 @@ func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPa
 	if snap != nil {
 		defer snap.close()
 	}
-	if perr := g.checkQueries(c.clientID, ops, g.ttlClock(time.Now())); perr != nil {
+	release, perr := g.checkQueries(c.clientID, ops, g.ttlClock(time.Now()))
+	if perr != nil {
 		return perr
 	}
+	defer release()
 	asts, err := parseASTs(ops, snap)
 	if err != nil {
 		return err

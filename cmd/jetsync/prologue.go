@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetsync/jetsync/internal/telemetry"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -44,6 +46,26 @@ func startRole(ctx context.Context, fs *flag.FlagSet, e *env, summary string, ar
 	rl, ctx, stop, err := rf.start(ctx, stderr)
 	if err != nil {
 		return rl, ctx, stop, err
+	}
+	tel, err := telemetry.Start(ctx, telemetry.Options{
+		Worker:   strings.TrimPrefix(fs.Name(), "jetsync "),
+		Version:  readVersion().Module,
+		Gatherer: rl.metrics,
+		Log:      rl.log,
+	})
+	if err != nil {
+		stop()
+		return rl, ctx, nil, usageError("%v", err)
+	}
+	stopRole := stop
+	stop = func() {
+		stopRole()
+		// What is pending is exported before the process exits.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			rl.log.Warn("OpenTelemetry shutdown", "err", err)
+		}
 	}
 	for _, n := range notes {
 		if n.why == "" {

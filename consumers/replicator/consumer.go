@@ -18,9 +18,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
 	"github.com/jetsync/jetsync/internal/logkey"
+	"github.com/jetsync/jetsync/internal/telemetry"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -180,6 +183,16 @@ type Consumer struct {
 	wmMu     sync.Mutex
 	wmLatest string
 	wmWake   chan struct{}
+
+	// traced are the messages in hand that carry a trace context.
+	traced []tracedMsg
+}
+
+// tracedMsg is a message whose traceparent names its publish span.
+type tracedMsg struct {
+	parent   trace.SpanContext
+	received time.Time
+	seq      uint64
 }
 
 // New returns a Consumer; Run starts it.
@@ -468,6 +481,11 @@ func (c *Consumer) follow(ctx context.Context, stream jetstream.Stream) error {
 			p.rollback()
 			return &DecodeError{Seq: seq, Err: err}
 		}
+		if telemetry.Tracing() && len(c.traced) < maxTraces {
+			if sc, ok := telemetry.Extract(msg.Headers()); ok {
+				c.traced = append(c.traced, tracedMsg{parent: sc, received: time.Now(), seq: seq})
+			}
+		}
 		if p.committable() && len(m.Parts) > 0 && !m.Parts[len(m.Parts)-1].Last {
 			// A transaction that spans messages stays uncommitted until
 			// its last part, which can take seconds: commit the ones in
@@ -567,6 +585,7 @@ func (c *Consumer) commit(ctx context.Context) error {
 		c.ack(c.last)
 	}
 	c.wrote()
+	o.traces = c.traceApplies(p.st.StreamSeq)
 	c.metrics.txns.Add(float64(o.txns))
 	c.metrics.changes.Add(float64(o.changes))
 	c.metrics.observeLag(time.Now(), o.commitTimes)
@@ -578,6 +597,29 @@ func (c *Consumer) commit(ctx context.Context) error {
 	}
 	c.log.Debug("committed", logkey.Seq, p.st.StreamSeq, logkey.Watermark, p.st.Watermark, "transactions", o.txns, "changes", o.changes)
 	return nil
+}
+
+// traceApplies ends the apply spans of the traced messages committed, up
+// to seq, and returns them; a traced message not committed (a rollback
+// that it will be redelivered after) is dropped.
+func (c *Consumer) traceApplies(seq uint64) []trace.SpanContext {
+	if len(c.traced) == 0 {
+		return nil
+	}
+	now := time.Now()
+	var out []trace.SpanContext
+	for _, t := range c.traced {
+		if t.seq > seq {
+			continue
+		}
+		_, span := telemetry.Tracer().Start(trace.ContextWithRemoteSpanContext(context.Background(), t.parent), "replica apply",
+			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(t.received),
+			trace.WithAttributes(attribute.String("jetsync.consumer", c.cfg.DurableName()), attribute.Int64("jetsync.stream_seq", int64(t.seq))))
+		span.End(trace.WithTimestamp(now))
+		out = append(out, span.SpanContext())
+	}
+	c.traced = c.traced[:0]
+	return out
 }
 
 // ack acks msg and, the policy being AckAll, everything before it. A lost

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -88,6 +90,8 @@ type outcome struct {
 	// commitTimes are the upstream commit times (ms since the epoch) of
 	// the transactions applied, for the replication lag.
 	commitTimes []float64
+	// traces are the apply spans of the traced messages committed.
+	traces []trace.SpanContext
 }
 
 func newProcessor(db *sql.DB, st replica.State) *processor {

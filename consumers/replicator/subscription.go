@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/jetsync/jetsync/projections/replica"
 )
 
@@ -19,7 +21,14 @@ type Update struct {
 	// everything. Changes is then empty.
 	Reset   bool
 	Changes []RowChange
+	// Traces are the replica applies of traced transactions in the
+	// update (at most maxTraces), for the spans that follow them.
+	Traces []trace.SpanContext
 }
+
+// maxTraces bounds the traces an update carries: a subscriber that fell
+// behind continues a few, not every one.
+const maxTraces = 8
 
 // ErrClosed is returned by Next on a closed subscription.
 var ErrClosed = errors.New("subscription closed")
@@ -36,6 +45,7 @@ type Subscription struct {
 	from, to string
 	reset    bool
 	changes  []RowChange
+	traces   []trace.SpanContext
 	closed   bool
 }
 
@@ -99,8 +109,8 @@ func (s *Subscription) take() (u Update, ok bool) {
 	if s.closed {
 		return Update{}, false
 	}
-	u = Update{From: s.from, To: s.to, Reset: s.reset, Changes: s.changes}
-	s.from, s.reset, s.changes = s.to, false, nil
+	u = Update{From: s.from, To: s.to, Reset: s.reset, Changes: s.changes, Traces: s.traces}
+	s.from, s.reset, s.changes, s.traces = s.to, false, nil, nil
 	return u, true
 }
 
@@ -138,6 +148,9 @@ func (c *Consumer) publish(st replica.State, o outcome) {
 			s.reset, s.changes = true, nil
 		default:
 			s.changes = append(s.changes, o.rows...)
+		}
+		if n := min(len(o.traces), maxTraces-len(s.traces)); n > 0 {
+			s.traces = append(s.traces, o.traces[:n]...)
 		}
 		s.signal()
 	}

@@ -8,10 +8,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/cvrstore"
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/internal/logkey"
+	"github.com/jetsync/jetsync/internal/telemetry"
 )
 
 // group is a client group: its CVR, the pipelines that keep the CVR's got
@@ -301,6 +305,10 @@ func (g *group) flush(ctx context.Context, u *update) error {
 		return newProtocolError(kindRehome, "Reconnect required")
 	}
 	g.count(false)
+	if trace.SpanFromContext(ctx).IsRecording() {
+		_, span := telemetry.Tracer().Start(ctx, "poke", trace.WithAttributes(attribute.Int("jetsync.connections", len(g.conns))))
+		defer span.End()
+	}
 	g.poke(u)
 	return nil
 }

@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	_ "modernc.org/sqlite" // the replica's driver
 
 	"github.com/jetsync/jetsync/consumers/appapi"
@@ -38,6 +40,7 @@ import (
 	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/consumers/zql/permissions"
 	"github.com/jetsync/jetsync/internal/logkey"
+	"github.com/jetsync/jetsync/internal/telemetry"
 	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -435,7 +438,24 @@ func (s *Server) advance(ctx context.Context, snap *snapshot, u replicator.Updat
 	}
 	snap.from = u.From
 	s.metrics.advances.Inc()
+	if len(u.Traces) > 0 {
+		var span trace.Span
+		ctx, span = traceAdvance(ctx, u)
+		defer span.End()
+	}
 	s.advanceGroups(ctx, snap, changed)
+}
+
+// traceAdvance starts the span of an advance that carries traced
+// transactions: the child of the first one's replica apply, linked to the
+// others'.
+func traceAdvance(ctx context.Context, u replicator.Update) (context.Context, trace.Span) {
+	links := make([]trace.Link, 0, len(u.Traces)-1)
+	for _, sc := range u.Traces[1:] {
+		links = append(links, trace.Link{SpanContext: sc})
+	}
+	return telemetry.Tracer().Start(trace.ContextWithRemoteSpanContext(ctx, u.Traces[0]), "view-syncer advance",
+		trace.WithLinks(links...), trace.WithAttributes(attribute.String("jetsync.watermark", u.To), attribute.Bool("jetsync.reset", u.Reset)))
 }
 
 // advanceGroups advances every group to snap, in parallel: each worker
@@ -500,6 +520,11 @@ func (s *Server) evictLoop(ctx context.Context) {
 // advanceContained is g.advance, a panic in it failing g alone.
 func (g *group) advanceContained(ctx context.Context, sn *snapshot, changed *changeSet) {
 	defer g.contain("advance")
+	if trace.SpanFromContext(ctx).IsRecording() {
+		var span trace.Span
+		ctx, span = telemetry.Tracer().Start(ctx, "group advance", trace.WithAttributes(attribute.String("jetsync.client_group", g.id)))
+		defer span.End()
+	}
 	if err := g.advance(ctx, sn, changed); err != nil && ctx.Err() == nil {
 		g.log.Error("advance group", "err", err)
 	}

@@ -11,6 +11,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/jetsync/jetsync/internal/telemetry"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -100,6 +104,8 @@ type pendingMsg struct {
 	seq  uint64
 	m    *outMsg
 	size int // encoded bytes
+	// span, when the message is traced, is its publish, ended at the ack.
+	span trace.Span
 }
 
 // newJetStream returns a JetStream context like js, for publishing with a
@@ -144,13 +150,20 @@ func (p *publisher) publish(m *outMsg) error {
 	}
 	// The subject is the table's, cached by the decoder.
 	msg := &nats.Msg{Subject: m.subject, Data: data, Header: streams.Header(m.msg.Parts, p.replicaVersion)}
+	var span trace.Span
+	if telemetry.Tracing() && m.txs > 0 {
+		span = tracePublish(m, msg.Header)
+	}
 	fut, err := p.js.PublishMsgAsync(msg,
 		jetstream.WithExpectLastSequence(p.next-1),
 		jetstream.WithStallWait(stallWait))
 	if err != nil {
+		if span != nil {
+			span.End()
+		}
 		return fmt.Errorf("publish %s: %w", m.subject, err)
 	}
-	p.pending = append(p.pending, pendingMsg{fut: fut, seq: p.next, m: m, size: len(data)})
+	p.pending = append(p.pending, pendingMsg{fut: fut, seq: p.next, m: m, size: len(data), span: span})
 	p.pendingBytes += len(data)
 	p.next++
 	// The encoded copy is what travels and what a retry resends: drop the
@@ -195,6 +208,10 @@ func (p *publisher) acked(ack *jetstream.PubAck) error {
 	}
 	if ack.Sequence != e.seq {
 		return fmt.Errorf("publish %s: acked as seq %d, expected %d", e.m.subject, ack.Sequence, e.seq)
+	}
+	if e.span != nil {
+		e.span.SetAttributes(attribute.Int64("jetsync.stream_seq", int64(ack.Sequence)))
+		e.span.End()
 	}
 	p.pop()
 	p.lastSeq = ack.Sequence
@@ -268,4 +285,37 @@ func (p *publisher) poll() error {
 func (p *publisher) failed(err error) error {
 	e := p.pending[p.head]
 	return fmt.Errorf("publish %s seq %d: %w", e.m.subject, e.seq, err)
+}
+
+// tracePublish starts the trace of the last transaction m completes: a
+// span for its Postgres commit, from the commit time to now, and a child
+// for the publish, which h's traceparent names when it is sampled. One
+// message, not one row, pays for it, and a message that completes no
+// transaction is not traced.
+func tracePublish(m *outMsg, h nats.Header) trace.Span {
+	var commit *streams.Part
+	for i := len(m.msg.Parts) - 1; i >= 0; i-- {
+		if m.msg.Parts[i].Last {
+			commit = &m.msg.Parts[i]
+			break
+		}
+	}
+	if commit == nil {
+		return nil
+	}
+	now := time.Now()
+	start := now
+	if t := time.UnixMicro(int64(commit.CommitTimeMs * 1000)); commit.CommitTimeMs > 0 && t.Before(now) {
+		start = t
+	}
+	tr := telemetry.Tracer()
+	ctx, cs := tr.Start(context.Background(), "postgres commit",
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start),
+		trace.WithAttributes(attribute.String("jetsync.watermark", commit.Watermark)))
+	cs.End(trace.WithTimestamp(now))
+	ctx, ps := tr.Start(ctx, "jetstream publish", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("messaging.system", "nats"), attribute.String("messaging.destination.name", m.subject),
+			attribute.Int("jetsync.transactions", m.txs), attribute.Int("jetsync.changes", m.changes)))
+	telemetry.Inject(ctx, h)
+	return ps
 }

@@ -12,12 +12,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// metricSet is what /metrics serves: one registry per component, merged on
-// each scrape. One shared registry would refuse the second component that
-// registers a zero-cache name the first one has (the change-streamer and the
-// replica both count zero_replication_transactions, with different help and
-// labels); merged families keep the first help text, and every series gets a
-// component label so that the two stay apart.
+// metricSet is what /metrics serves, and what the OTLP export reads: one
+// registry per component, merged on each scrape, every series with a
+// component label. A name belongs to one component
+// (TestMetricNames_PrometheusConventions); the process and Go runtime
+// metrics are the one shared family set.
 type metricSet struct {
 	mu    sync.Mutex
 	regs  []*prometheus.Registry

@@ -203,9 +203,9 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 func (f *fixture) advance(t *testing.T, d time.Duration) {
 	t.Helper()
 	f.clock.Advance(d)
-	n := counter(t, f.reg, "jetsync_backup_monitor_checks", "")
+	n := counter(t, f.reg, "jetsync_backup_monitor_checks_total", "")
 	polltest.Until(t, 10*time.Second, "two monitor checks", func() bool {
-		return counter(t, f.reg, "jetsync_backup_monitor_checks", "") >= n+2
+		return counter(t, f.reg, "jetsync_backup_monitor_checks_total", "") >= n+2
 	})
 }
 
@@ -245,10 +245,10 @@ func TestProducer_R21_WedgedBackupExits(t *testing.T) {
 		if err := running(errc); err != nil {
 			t.Fatalf("Run ended after 14 min stale: %v", err)
 		}
-		if got := counter(t, f.reg, "zero_replica_purge_blocked", backup.ReasonWedged); got != 0 {
+		if got := counter(t, f.reg, "zero_replica_purge_blocked_total", backup.ReasonWedged); got != 0 {
 			t.Fatalf("purge_blocked{backup-wedged} = %v before the grace", got)
 		}
-		if got := counter(t, f.reg, "zero_replica_purge_blocked", "backup-stale"); got == 0 {
+		if got := counter(t, f.reg, "zero_replica_purge_blocked_total", "backup-stale"); got == 0 {
 			t.Fatal("purges not blocked while the backup is stale")
 		}
 		f.clock.Advance(time.Minute + time.Second)
@@ -263,7 +263,7 @@ func TestProducer_R21_WedgedBackupExits(t *testing.T) {
 			!strings.Contains(err2.Error(), "is wedged") || !strings.Contains(err2.Error(), bogus.Name) {
 			t.Fatalf("Run = %v; want the wedged-backup error", err2)
 		}
-		if got := counter(t, f.reg, "zero_replica_purge_blocked", backup.ReasonWedged); got != 1 {
+		if got := counter(t, f.reg, "zero_replica_purge_blocked_total", backup.ReasonWedged); got != 1 {
 			t.Errorf("purge_blocked{backup-wedged} = %v; want 1", got)
 		}
 	})

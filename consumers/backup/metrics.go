@@ -29,11 +29,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m := &metrics{
 		purgeBlocked: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "zero_replica_purge_blocked", Help: "Change stream purges blocked, by reason.",
+			Name: "zero_replica_purge_blocked_total", Help: "Change stream purges blocked, by reason.",
 		}, []string{"reason"}),
-		backupLag: gauge("zero_replica_backup_lag", "The backup replica's write time minus the newest claimed snapshot's, in ms."),
+		backupLag: gauge("zero_replica_backup_lag_seconds", "The backup replica's write time minus the newest claimed snapshot's (zero.replica.backup_lag)."),
 		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "jetsync_backup_snapshots", Help: "Snapshots taken, by result.",
+			Name: "jetsync_backup_snapshots_total", Help: "Snapshots taken, by result.",
 		}, []string{"result"}),
 		snapshotBytes: gauge("jetsync_backup_snapshot_bytes", "Size of the newest snapshot uploaded."),
 		snapshotTime: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -41,13 +41,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 		}),
 		purgedMsgs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetsync_backup_purged_messages", Help: "Change stream messages purged by the backup monitor.",
+			Name: "jetsync_backup_purged_messages_total", Help: "Change stream messages purged by the backup monitor.",
 		}),
 		purgeSeq:     gauge("jetsync_backup_purge_seq", "The change stream sequence the last purge kept from."),
 		cleanupDelay: gauge("jetsync_backup_cleanup_delay_seconds", "How old a verified snapshot must be before history below it is purged."),
 		verifiedSeq:  gauge("jetsync_backup_verified_stream_seq", "Stream sequence of the newest verified snapshot."),
 		checks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetsync_backup_monitor_checks", Help: "Backup monitor checks run.",
+			Name: "jetsync_backup_monitor_checks_total", Help: "Backup monitor checks run.",
 		}),
 		reservationDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "zero_replica_snapshot_reservation_duration_seconds", Help: "How long restore reservations were held, by result.",

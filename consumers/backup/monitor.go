@@ -211,7 +211,7 @@ func (p *Producer) fatal(ctx context.Context, now time.Time, verifyErr error) er
 	if ok {
 		if p.last == nil || p.last.Name == claim.Name {
 			if lag := p.replicaWriteTimeMs() - claim.WriteTimeMs; claim.WriteTimeMs > 0 && lag >= 0 {
-				p.metrics.backupLag.Set(float64(lag))
+				p.metrics.backupLag.Set(float64(lag) / 1000)
 			}
 		}
 	}

@@ -49,6 +49,6 @@ func TestProducer_R14_NATSRestartDuringSnapshot(t *testing.T) {
 	if err := running(errc); err != nil {
 		t.Fatalf("the producer stopped: %v", err)
 	}
-	t.Logf("snapshots: %v failed, %v succeeded", counter(t, f.reg, "jetsync_backup_snapshots", "error"),
-		counter(t, f.reg, "jetsync_backup_snapshots", "success"))
+	t.Logf("snapshots: %v failed, %v succeeded", counter(t, f.reg, "jetsync_backup_snapshots_total", "error"),
+		counter(t, f.reg, "jetsync_backup_snapshots_total", "success"))
 }

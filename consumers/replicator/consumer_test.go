@@ -176,7 +176,7 @@ func TestConsumer_Run(t *testing.T) {
 		}
 		// Only the three new transactions were applied: one replayed would
 		// have broken the prev chain.
-		if n := (metric(t, reg, "zero_replication_transactions")); n != 3 {
+		if n := (metric(t, reg, "jetsync_replica_transactions_total")); n != 3 {
 			t.Errorf("transactions applied after restart = %v; want 3", n)
 		}
 		// One lag sample per transaction, each from its upstream commit time.

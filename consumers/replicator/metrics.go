@@ -19,16 +19,15 @@ type metrics struct {
 	diskFullRetries prometheus.Counter
 }
 
-// newMetrics makes the consumer's metrics, named as zero-cache's where it
-// has them, and registers them with reg if it is not nil.
+// newMetrics makes the consumer's metrics and registers them with reg if it is not nil.
 func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 	labels := prometheus.Labels{"consumer": name}
 	m := &metrics{
 		txns: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "zero_replication_transactions", Help: "Upstream transactions applied to the replica.", ConstLabels: labels,
+			Name: "jetsync_replica_transactions_total", Help: "Upstream transactions applied to the replica.", ConstLabels: labels,
 		}),
 		changes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "zero_replication_changes", Help: "Changes (rows and schema changes) applied to the replica.", ConstLabels: labels,
+			Name: "jetsync_replica_changes_total", Help: "Changes (rows and schema changes) applied to the replica.", ConstLabels: labels,
 		}),
 		lsn: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetsync_replica_watermark_lsn", Help: "The replica's watermark, as an LSN.", ConstLabels: labels,

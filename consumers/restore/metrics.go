@@ -30,13 +30,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m := &metrics{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "zero_replica_restore_runs", Help: "Restores, by result.",
+			Name: "zero_replica_restore_runs_total", Help: "Restores, by result.",
 		}, []string{"result"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "zero_replica_restore_attempts", Help: "Restore attempts, by result.",
+			Name: "zero_replica_restore_attempts_total", Help: "Restore attempts, by result.",
 		}, []string{"result"}),
 		downloaded: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetsync_restore_downloaded_bytes", Help: "Snapshot bytes downloaded.",
+			Name: "jetsync_restore_downloaded_bytes_total", Help: "Snapshot bytes downloaded.",
 		}),
 		dbBytes:      gauge("zero_replica_restore_db_bytes", "Size of the last restored replica."),
 		eta:          gauge("jetsync_restore_eta_seconds", "Estimated time left in the download in progress."),

@@ -22,6 +22,7 @@ func (g *group) pushCRUD(ctx context.Context, c *conn, body *appapi.PushBody) er
 			// refused as zero-cache's mutagen refuses a custom mutation.
 			return newProtocolError(kindInvalidPush, "Only CRUD mutations are supported")
 		}
+		g.s.metrics.crudMutations.Inc()
 		merr, err := g.s.cfg.Mutagen.Process(ctx, g.id, mutagen.Mutation{ID: m.ID, ClientID: m.ClientID, Args: m.Args}, authData, custom)
 		if err != nil {
 			if pe, ok := err.(*mutagen.PushError); ok {

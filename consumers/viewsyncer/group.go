@@ -309,7 +309,9 @@ func (g *group) flush(ctx context.Context, u *update) error {
 		_, span := telemetry.Tracer().Start(ctx, "poke", trace.WithAttributes(attribute.Int("jetsync.connections", len(g.conns))))
 		defer span.End()
 	}
+	start := time.Now()
 	g.poke(u)
+	g.s.metrics.pokeTime.Observe(time.Since(start).Seconds())
 	return nil
 }
 

@@ -80,6 +80,8 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 	if hook := advanceHook.Load(); hook != nil {
 		(*hook)(g.id)
 	}
+	start := time.Now()
+	defer func() { g.s.metrics.advanceTime.Observe(time.Since(start).Seconds()) }()
 	g.transformPending(ctx)
 	err := g.sync(ctx, snap, changed)
 	if err == nil {

@@ -30,17 +30,53 @@ type metrics struct {
 	groupRows            prometheus.Histogram
 	pushes               prometheus.Counter
 	customMutations      prometheus.Counter
+	crudMutations        prometheus.Counter
+	pokeTime             prometheus.Histogram
+	advanceTime          prometheus.Histogram
+	hydrationTime        prometheus.Histogram
+	groups               prometheus.Gauge
+	leases               prometheus.Gauge
 }
+
+// latencyBuckets are zero-cache's latency histogram bounds, in seconds.
+var latencyBuckets = []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "jetsync", Subsystem: "sync", Name: "connections",
-			Help: "Open sync websockets.",
+			Namespace: "zero", Subsystem: "sync", Name: "active_clients",
+			Help: "Open sync websockets, relayed ones included (zero.sync.active-clients).",
 		}),
 		pokes: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "jetsync", Subsystem: "sync", Name: "pokes_total",
-			Help: "Pokes sent to clients.",
+			Namespace: "zero", Subsystem: "sync", Name: "poke_transactions_total",
+			Help: "Pokes sent to clients, one per connection poked (zero.sync.poke.transactions).",
+		}),
+		pokeTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "poke_time_seconds",
+			Help:    "Time to poke a client group's connections after an update (zero.sync.poke.time).",
+			Buckets: latencyBuckets,
+		}),
+		advanceTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "advance_time_seconds",
+			Help:    "Time to advance a client group's queries to a new replica state, its poke included (zero.sync.advance-time).",
+			Buckets: latencyBuckets,
+		}),
+		hydrationTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "hydration_time_seconds",
+			Help:    "Time to hydrate a query (zero.sync.hydration-time).",
+			Buckets: latencyBuckets,
+		}),
+		groups: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "zero", Subsystem: "sync", Name: "active_client_groups",
+			Help: "Client groups loaded (zero.sync.active-client-groups).",
+		}),
+		leases: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "jetsync", Subsystem: "cvr", Name: "leases",
+			Help: "Client group leases this view-syncer holds in the CVR key-value bucket.",
+		}),
+		crudMutations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "zero", Subsystem: "mutation", Name: "crud_total",
+			Help: "CRUD mutations processed (zero.mutation.crud).",
 		}),
 		advances: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "jetsync", Subsystem: "sync", Name: "advances_total",
@@ -55,8 +91,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Connections and query changes refused at a bound, by reason: connections, memory, queries.",
 		}, []string{"reason"}),
 		hydrations: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "jetsync", Subsystem: "sync", Name: "query_hydrations_total",
-			Help: "Full query hydrations: new queries, and re-runs after a reset or a rules or schema change.",
+			Namespace: "zero", Subsystem: "sync", Name: "hydration_total",
+			Help: "Full query hydrations: new queries, and re-runs after a reset or a rules or schema change (zero.sync.hydration).",
 		}),
 		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "jetsync", Subsystem: "sync", Name: "query_update_fallbacks_total",
@@ -122,10 +158,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// A second Server on the same registry (tests, an in-process restart)
 	// counts into the collectors registered first.
 	for _, err := range []error{
-		promreg.Register(reg, &m.connections, &m.queries, &m.rows),
+		promreg.Register(reg, &m.connections, &m.queries, &m.rows, &m.groups, &m.leases),
 		promreg.Register(reg, &m.pokes, &m.advances, &m.closedSlow, &m.hydrations, &m.fallbacks, &m.rowsRead,
-			&m.transformHashChanges, &m.transformNoOps, &m.pushes, &m.customMutations),
-		promreg.Register(reg, &m.lockWait, &m.transformTime, &m.groupQueries, &m.groupRows),
+			&m.transformHashChanges, &m.transformNoOps, &m.pushes, &m.customMutations, &m.crudMutations),
+		promreg.Register(reg, &m.lockWait, &m.transformTime, &m.groupQueries, &m.groupRows, &m.pokeTime, &m.advanceTime, &m.hydrationTime),
 		promreg.Register(reg, &m.pipelineResets, &m.transformations, &m.refused),
 	} {
 		if err != nil {

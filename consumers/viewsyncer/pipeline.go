@@ -136,7 +136,9 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 		return fmt.Errorf("hydrate %s: %w", p.hash, err)
 	}
 	if !p.internal {
-		g.timeHydration(p.hash, time.Since(start))
+		took := time.Since(start)
+		g.timeHydration(p.hash, took)
+		g.s.metrics.hydrationTime.Observe(took.Seconds())
 	}
 	g.s.metrics.hydrations.Inc()
 	g.s.metrics.rowsRead.Add(float64(rowsRead))

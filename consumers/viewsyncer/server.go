@@ -505,13 +505,22 @@ const maxAdvanceWorkers = DefaultReadConns / 2
 func (s *Server) evictLoop(ctx context.Context) {
 	t := time.NewTicker(evictInterval)
 	defer t.Stop()
+	var observed time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			for _, g := range s.groupList() {
+			groups := s.groupList()
+			for _, g := range groups {
 				s.maintainGroup(ctx, g, now)
+			}
+			if now.Sub(observed) >= time.Second {
+				observed = now
+				s.metrics.groups.Set(float64(len(groups)))
+				if s.cfg.CVR != nil {
+					s.metrics.leases.Set(float64(len(s.cfg.CVR.Leases())))
+				}
 			}
 		}
 	}

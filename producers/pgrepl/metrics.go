@@ -21,12 +21,12 @@ type metrics struct {
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		transactions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "zero_replication_transactions",
-			Help: "Upstream transactions published to the change stream.",
+			Name: "zero_replication_transactions_total",
+			Help: "Upstream transactions published to the change stream (zero.replication.transactions).",
 		}),
 		changes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "zero_replication_changes",
-			Help: "Row changes published to the change stream.",
+			Name: "zero_replication_changes_total",
+			Help: "Row changes published to the change stream (zero.replication.changes).",
 		}),
 		lastSeq: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetsync_stream_last_seq",

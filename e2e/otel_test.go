@@ -136,11 +136,20 @@ func TestOTel_ExportsMetricsAndOneTrace(t *testing.T) {
 		"OTEL_METRIC_EXPORT_INTERVAL=300",
 		"OTEL_BSP_SCHEDULE_DELAY=100",
 		"OTEL_SERVICE_NAME=jetsync-e2e",
+		"JETSYNC_METRICS_LISTEN=127.0.0.1:0",
 	), "run")
-	port := int(p.logRecord(t, "http listening", 60*time.Second)["port"].(float64))
+	listening := p.logRecord(t, "http listening", 60*time.Second)
+	port := int(listening["port"].(float64))
 	srv := &syncServer{url: fmt.Sprintf("http://127.0.0.1:%d", port), proc: p}
 	waitHealthy(t, p, srv.url, 90*time.Second)
 	p.logRecord(t, "exporting OpenTelemetry", 10*time.Second)
+	// JETSYNC_METRICS_LISTEN moves /metrics off the sync port.
+	if body, code := get(t, str(t, listening, "metrics")); code != 200 || !strings.Contains(body, "zero_replication_transactions_total") {
+		t.Errorf("GET %s = %d %.300s; want the Prometheus metrics", str(t, listening, "metrics"), code, body)
+	}
+	if _, code := get(t, srv.url+"/metrics"); code != 404 {
+		t.Errorf("GET %s/metrics = %d; want 404 with JETSYNC_METRICS_LISTEN set", srv.url, code)
+	}
 
 	c := dialSync(t, srv, "otel-group", "c1", "", initConnection(astPut("open", goodQuery)))
 	c.waitGot("open")

@@ -31,6 +31,9 @@ type roleFlags struct {
 	// adminPassword is ZERO_ADMIN_PASSWORD: it opens /statz, /heapz and
 	// the inspector.
 	adminPassword string
+	// metricsListen, when set, moves /metrics off the port to its own
+	// listener.
+	metricsListen string
 }
 
 func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault string) {
@@ -42,6 +45,7 @@ func (r *roleFlags) register(fs *flag.FlagSet, e *env, port int, replicaDefault 
 	e.intVar(fs, &r.port, "ZERO_PORT", port)
 	e.intVar(fs, &r.keepaliveMs, "ZERO_KEEPALIVE_TIMEOUT_MS", 0)
 	e.durationVar(fs, &r.progressEvery, "JETSYNC_PROGRESS_INTERVAL", progress.DefaultInterval)
+	e.strVar(fs, &r.metricsListen, "JETSYNC_METRICS_LISTEN", "")
 	r.adminPassword = e.str("ZERO_ADMIN_PASSWORD", "")
 	bindVar(fs, hidden{&r.adminPassword}, "ZERO_ADMIN_PASSWORD", "")
 }
@@ -52,6 +56,13 @@ func (r *roleFlags) listenHTTP(reg prometheus.Gatherer, log *slog.Logger, ready 
 	if err != nil {
 		return nil, err
 	}
+	if r.metricsListen != "" {
+		if err := h.moveMetrics(r.metricsListen); err != nil {
+			_ = h.Close()
+			return nil, err
+		}
+	}
+	h.logListening()
 	h.SetReady(ready)
 	h.keepalive = time.Duration(r.keepaliveMs) * time.Millisecond
 	h.admin = adminAuth{password: r.adminPassword, dev: os.Getenv("NODE_ENV") == "development"}

@@ -40,6 +40,10 @@ type httpServer struct {
 	rootPage http.Handler
 	// admin guards /statz and /heapz (admin.go).
 	admin adminAuth
+	// metrics serves /metrics; metricsLn, when set before Run, is the
+	// listener it moved to, and the port above no longer serves it.
+	metrics   http.Handler
+	metricsLn net.Listener
 }
 
 // listenHTTP binds port at once, so that the address is known (port 0 picks a
@@ -73,10 +77,44 @@ func listenHTTP(port int, reg prometheus.Gatherer, log *slog.Logger) (*httpServe
 	})
 	mux.HandleFunc("GET /statz", h.statz)
 	mux.HandleFunc("GET /heapz", h.heapz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError}))
-	log.Info("http listening", "addr", ln.Addr().String(), "port", h.Port(),
-		"metrics", fmt.Sprintf("http://127.0.0.1:%d/metrics", h.Port()))
+	h.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if h.metricsLn != nil {
+			http.NotFound(w, r)
+			return
+		}
+		h.metrics.ServeHTTP(w, r)
+	})
 	return h, nil
+}
+
+// logListening logs where the server listens, and where /metrics is.
+func (h *httpServer) logListening() {
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", h.Port())
+	if h.metricsLn != nil {
+		metrics = "http://" + h.metricsLn.Addr().String() + "/metrics"
+	}
+	h.log.Info("http listening", "addr", h.ln.Addr().String(), "port", h.Port(), "metrics", metrics)
+}
+
+// moveMetrics binds addr (JETSYNC_METRICS_LISTEN) at once and serves
+// /metrics there, and only there, from Run on.
+func (h *httpServer) moveMetrics(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics listen on %s: %w", addr, err)
+	}
+	h.metricsLn = ln
+	return nil
+}
+
+// MetricsAddr is the metrics listener's address, or "" when /metrics is
+// on the main port.
+func (h *httpServer) MetricsAddr() string {
+	if h.metricsLn == nil {
+		return ""
+	}
+	return h.metricsLn.Addr().String()
 }
 
 // Port is the bound port.
@@ -104,13 +142,31 @@ func (h *httpServer) Run(ctx context.Context) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(h.ln) }()
+	var msrv *http.Server
+	if h.metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", h.metrics)
+		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: srv.ErrorLog}
+		go func() {
+			if err := msrv.Serve(h.metricsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				h.log.Warn("metrics serve", "err", err)
+			}
+		}()
+	}
 	select {
 	case err := <-errc:
+		if msrv != nil {
+			_ = msrv.Close()
+		}
 		return fmt.Errorf("http serve: %w", err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	if msrv != nil {
+		// Scraped to the end: a last scrape sees the final figures.
+		_ = msrv.Shutdown(sctx)
+	}
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 	}
@@ -170,5 +226,10 @@ func (hb *heartbeat) watch() {
 	}
 }
 
-// Close releases the listener of a server that never ran.
-func (h *httpServer) Close() error { return h.ln.Close() }
+// Close releases the listeners of a server that never ran.
+func (h *httpServer) Close() error {
+	if h.metricsLn != nil {
+		_ = h.metricsLn.Close()
+	}
+	return h.ln.Close()
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,5 +104,45 @@ func TestKeepaliveDrains(t *testing.T) {
 		}
 	case <-time.After(10 * timeout):
 		t.Fatal("no drain after the heartbeats stopped")
+	}
+}
+
+// TestMetricsListen: with JETSYNC_METRICS_LISTEN, /metrics is served on
+// its own listener and no longer on the port; without, on the port.
+func TestMetricsListen(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "jetsync_test_total", Help: "A test counter."}))
+	for _, moved := range []bool{false, true} {
+		rf := &roleFlags{}
+		if moved {
+			rf.metricsListen = "127.0.0.1:0"
+		}
+		h, err := rf.listenHTTP(reg, slog.New(slog.DiscardHandler), func() bool { return true })
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- h.Run(ctx) }()
+		port := "http://127.0.0.1:" + strconv.Itoa(h.Port()) + "/metrics"
+		code, body := getBody(t, port)
+		switch {
+		case !moved && (code != http.StatusOK || !strings.Contains(body, "jetsync_test_total")):
+			t.Errorf("GET %s = %d %.200q; want the metrics", port, code, body)
+		case moved && code != http.StatusNotFound:
+			t.Errorf("GET %s with the metrics moved = %d; want 404", port, code)
+		}
+		if moved {
+			own := "http://" + h.MetricsAddr() + "/metrics"
+			if code, body := getBody(t, own); code != http.StatusOK || !strings.Contains(body, "jetsync_test_total") {
+				t.Errorf("GET %s = %d %.200q; want the metrics", own, code, body)
+			}
+		} else if h.MetricsAddr() != "" {
+			t.Errorf("metrics listener %s; want none", h.MetricsAddr())
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}
 }

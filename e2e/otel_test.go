@@ -169,7 +169,7 @@ func TestOTel_ExportsMetricsAndOneTrace(t *testing.T) {
 	polltest.Until(t, 30*time.Second, "metrics", func() bool {
 		recv.mu.Lock()
 		defer recv.mu.Unlock()
-		for _, n := range []string{"zero.replication.transactions", "zero.sync.active-clients", "zero.sync.poke.transactions",
+		for _, n := range []string{"zero.replication.transactions", "zero.replication.slot_retained_wal_bytes", "zero.sync.active-clients", "zero.sync.active-client-groups", "zero.sync.poke.transactions", "zero.sync.poke.time", "zero.sync.hydration-time",
 			"jetsync_stream_last_seq", "jetsync_replica_stream_seq"} {
 			if _, ok := recv.metrics[n]; !ok {
 				return false

@@ -132,7 +132,7 @@ func TestMetricNames_PrometheusConventions(t *testing.T) {
 func TestMetricNames_ZeroNamesExist(t *testing.T) {
 	_, rec := allMetrics(t)
 	for _, n := range telemetry.ZeroNames {
-		if len(rec.owners[n.Prom]) == 0 && n.Prom != "zero_replication_slot_retained_wal_bytes" {
+		if len(rec.owners[n.Prom]) == 0 {
 			t.Errorf("%s (for %s) is not registered by any component", n.Prom, n.Zero)
 		}
 	}

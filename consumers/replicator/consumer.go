@@ -469,6 +469,7 @@ func (c *Consumer) follow(ctx context.Context, stream jetstream.Stream) error {
 			return fmt.Errorf("message metadata: %w", err)
 		}
 		seq := meta.Sequence.Stream
+		c.metrics.pending.Set(float64(meta.NumPending))
 		if seq <= p.pending.StreamSeq || seq < start {
 			// A redelivery: already applied, or in the batch in hand.
 			if p.tx == nil {

@@ -13,6 +13,8 @@ import (
 type metrics struct {
 	txns, changes prometheus.Counter
 	lsn, seq      prometheus.Gauge
+	// pending is the consumer's lag: messages the stream holds past it.
+	pending prometheus.Gauge
 	lag           prometheus.Histogram
 	// diskFull is 1 while writes to the replica fail for want of space.
 	diskFull        prometheus.Gauge
@@ -37,6 +39,9 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 		}),
 		// zero-cache has no metric for this; the name follows Prometheus's
 		// conventions.
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetsync_replica_pending_messages", Help: "Change stream messages past the last one this consumer received (its lag behind the stream).", ConstLabels: labels,
+		}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "jetsync_replication_lag_seconds", Help: "Upstream commit to replica commit, per transaction.", ConstLabels: labels,
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
@@ -51,7 +56,7 @@ func newMetrics(reg prometheus.Registerer, name string) (*metrics, error) {
 	if err := promreg.Register(reg, &m.txns, &m.changes, &m.diskFullRetries); err != nil {
 		return nil, err
 	}
-	if err := promreg.Register(reg, &m.lsn, &m.seq, &m.diskFull); err != nil {
+	if err := promreg.Register(reg, &m.lsn, &m.seq, &m.diskFull, &m.pending); err != nil {
 		return nil, err
 	}
 	if err := promreg.Register(reg, &m.lag); err != nil {

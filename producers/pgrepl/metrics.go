@@ -11,6 +11,7 @@ type metrics struct {
 	changes      prometheus.Counter
 	lastSeq      prometheus.Gauge
 	confirmed    prometheus.Gauge
+	slotWAL      prometheus.Gauge
 	// streamedCommits and streamedAborts count the transactions Postgres
 	// streamed before their end.
 	streamedCommits, streamedAborts prometheus.Counter
@@ -31,6 +32,10 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		lastSeq: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetsync_stream_last_seq",
 			Help: "Sequence of the last change message acked by JetStream.",
+		}),
+		slotWAL: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "zero_replication_slot_retained_wal_bytes",
+			Help: "WAL the replication slot holds back upstream: the current WAL position minus the slot's restart_lsn (zero.replication.slot_retained_wal_bytes).",
 		}),
 		confirmed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetsync_producer_confirmed_lsn",
@@ -53,7 +58,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if r != nil {
-		for _, c := range []prometheus.Collector{m.transactions, m.changes, m.lastSeq, m.confirmed, m.streamedCommits, m.streamedAborts} {
+		for _, c := range []prometheus.Collector{m.transactions, m.changes, m.lastSeq, m.confirmed, m.slotWAL, m.streamedCommits, m.streamedAborts} {
 			if err := r.Register(c); err != nil {
 				return nil, err
 			}

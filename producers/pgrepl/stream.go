@@ -62,6 +62,10 @@ func (s *Source) stream(ctx context.Context, conn *pgx.Conn, replConn *pgconn.Pg
 		defer close(events)
 		return s.read(rctx, replConn, dec, events, st, idle)
 	})
+	g.Go(func() error {
+		s.watchSlot(rctx, pos.slot, slotWatchEvery)
+		return nil
+	})
 	err = s.publishLoop(rctx, events, pub, st, pos, rs, statusIntervalFor(senderTimeout))
 	cancel()
 	// A reader that fails cancels rctx, and the publisher may see that
@@ -349,4 +353,45 @@ func (st *status) sendUpdate(replyRequested bool) error {
 		return fmt.Errorf("send standby status: %w", err)
 	}
 	return nil
+}
+
+// slotWatchEvery paces the reads of the slot's retained WAL.
+const slotWatchEvery = 10 * time.Second
+
+// watchSlot keeps the slot's retained WAL gauge current until ctx ends, on
+// a connection of its own (the decoder owns the session's). A failed read
+// is retried at the next tick: the figure is advisory.
+func (s *Source) watchSlot(ctx context.Context, slot string, every time.Duration) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if conn == nil || conn.IsClosed() {
+			c, err := pgx.Connect(ctx, s.cfg.UpstreamURL)
+			if err != nil {
+				s.log.Debug("slot watch: connect", "err", err)
+			}
+			conn = c
+		}
+		if conn != nil {
+			var bytes float64
+			err := conn.QueryRow(ctx, `SELECT COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::float8
+				FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&bytes)
+			if err == nil {
+				s.m.slotWAL.Set(bytes)
+			} else if ctx.Err() == nil {
+				s.log.Debug("slot watch: read", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

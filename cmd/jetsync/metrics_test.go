@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -134,6 +135,36 @@ func TestMetricNames_ZeroNamesExist(t *testing.T) {
 	for _, n := range telemetry.ZeroNames {
 		if len(rec.owners[n.Prom]) == 0 {
 			t.Errorf("%s (for %s) is not registered by any component", n.Prom, n.Zero)
+		}
+	}
+}
+
+// TestREADMEMetricNames: the README's table of zero-cache's metric names
+// has a row for each pair the OTLP export renames, naming both with no
+// note, and every other row with a jetsync name says how it differs.
+func TestREADMEMetricNames(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, notes := map[string]string{}, map[string]string{}
+	row := regexp.MustCompile("(?m)^\\| `(zero\\.[a-z0-9_.-]+)` \\| (.*?) \\| (.*?) ?\\|$")
+	for _, m := range row.FindAllStringSubmatch(string(b), -1) {
+		rows[m[1]], notes[m[1]] = m[2], m[3]
+	}
+	if len(rows) < 90 {
+		t.Fatalf("README lists %d of zero-cache's metric names; want them all", len(rows))
+	}
+	exact := map[string]bool{}
+	for _, n := range telemetry.ZeroNames {
+		exact[n.Zero] = true
+		if got, want := rows[n.Zero], "`"+n.Prom+"`"; got != want || notes[n.Zero] != "" {
+			t.Errorf("README row for %s: %q, note %q; the export maps it to %s, exactly", n.Zero, got, notes[n.Zero], want)
+		}
+	}
+	for z, j := range rows {
+		if !exact[z] && j != "—" && notes[z] == "" {
+			t.Errorf("README maps %s to %s with no note, but the export does not rename it", z, j)
 		}
 	}
 }

@@ -1,0 +1,77 @@
+package telemetry
+
+import (
+	"context"
+	"testing"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+func TestSignals(t *testing.T) {
+	for _, c := range []struct {
+		env             map[string]string
+		metrics, traces bool
+	}{
+		{env: nil},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, metrics: true, traces: true},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4318/v1/metrics"}, metrics: true},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, traces: true},
+		{env: map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, traces: true},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_METRICS_EXPORTER": "none"}, traces: true},
+		{env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}},
+		{env: map[string]string{"OTEL_SERVICE_NAME": "x", "OTEL_RESOURCE_ATTRIBUTES": "a=b"}},
+	} {
+		m, tr := Signals(func(k string) string { return c.env[k] })
+		if m != c.metrics || tr != c.traces {
+			t.Errorf("%v: metrics %v traces %v; want %v %v", c.env, m, tr, c.metrics, c.traces)
+		}
+	}
+}
+
+func TestStart_NothingSetStartsNothing(t *testing.T) {
+	tel, err := Start(context.Background(), Options{Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tel.mp != nil || tel.tp != nil || Tracing() {
+		t.Errorf("started %+v, tracing %v, with no OTEL_* set", tel, Tracing())
+	}
+	if _, err := Start(context.Background(), Options{Getenv: func(k string) string {
+		return map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}[k]
+	}}); err == nil {
+		t.Error("OTEL_TRACES_EXPORTER=zipkin accepted")
+	}
+}
+
+func TestInjectExtract(t *testing.T) {
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	for _, sampled := range []bool{true, false} {
+		cfg := trace.SpanContextConfig{TraceID: tid, SpanID: sid}
+		if sampled {
+			cfg.TraceFlags = trace.FlagsSampled
+		}
+		ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(cfg))
+		h := map[string][]string{}
+		Inject(ctx, h)
+		if !sampled {
+			if len(h) != 0 {
+				t.Errorf("unsampled span set %v", h)
+			}
+			continue
+		}
+		if got := h["traceparent"]; len(got) != 1 || got[0] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
+			t.Errorf("traceparent %v", h)
+		}
+		sc, ok := Extract(h)
+		if !ok || sc.TraceID() != tid || sc.SpanID() != sid || !sc.IsRemote() {
+			t.Errorf("extracted %v %v", sc, ok)
+		}
+	}
+	if _, ok := Extract(map[string][]string{"traceparent": {"garbage"}}); ok {
+		t.Error("a malformed traceparent extracted")
+	}
+	if _, ok := Extract(map[string][]string{}); ok {
+		t.Error("no traceparent extracted")
+	}
+}

@@ -15,7 +15,7 @@ type metrics struct {
 	lsn, seq      prometheus.Gauge
 	// pending is the consumer's lag: messages the stream holds past it.
 	pending prometheus.Gauge
-	lag           prometheus.Histogram
+	lag     prometheus.Histogram
 	// diskFull is 1 while writes to the replica fail for want of space.
 	diskFull        prometheus.Gauge
 	diskFullRetries prometheus.Counter

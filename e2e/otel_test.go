@@ -136,6 +136,8 @@ func TestOTel_ExportsMetricsAndOneTrace(t *testing.T) {
 		"OTEL_METRIC_EXPORT_INTERVAL=300",
 		"OTEL_BSP_SCHEDULE_DELAY=100",
 		"OTEL_SERVICE_NAME=jetsync-e2e",
+		// Every transaction traced: the default samples ten a second.
+		"OTEL_TRACES_SAMPLER=parentbased_always_on",
 		"JETSYNC_METRICS_LISTEN=127.0.0.1:0",
 	), "run")
 	listening := p.logRecord(t, "http listening", 60*time.Second)

@@ -65,6 +65,9 @@ type options struct {
 	hold     bool
 	env      string
 	verbose  bool
+	// otel runs the OpenTelemetry cost measure (otel.go) instead.
+	otel     bool
+	otelTxns int
 }
 
 func main() {
@@ -82,6 +85,8 @@ func main() {
 	flag.BoolVar(&o.verbose, "v", false, "print each run")
 	flag.StringVar(&o.env, "jetsync-env", "", "extra environment for jetsync, comma-separated KEY=VALUE pairs (such as JETSYNC_PPROF_ADDR=127.0.0.1:6060)")
 	flag.BoolVar(&o.hold, "hold", false, "after the measures, keep Postgres and jetsync running until interrupted (to point client.mjs or zero-cache at them)")
+	flag.BoolVar(&o.otel, "otel", false, "measure what exporting OpenTelemetry costs instead: throughput and commit → client p50 with OTEL_* unset and set, in alternating runs")
+	flag.IntVar(&o.otelTxns, "otel-txns", 3000, "transactions in the -otel throughput measure")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "viewsyncer:", err)
@@ -126,6 +131,9 @@ func run(o options) error {
 	}
 	defer up.close()
 
+	if o.otel {
+		return runOTel(ctx, o, bin, root, up)
+	}
 	js, err := startJetsync(ctx, bin, root, up.url, o.env)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	promb "go.opentelemetry.io/contrib/bridges/prometheus"
 	"go.opentelemetry.io/otel"
@@ -153,8 +154,13 @@ func Start(ctx context.Context, o Options) (*Telemetry, error) {
 			return nil, fmt.Errorf("otlp trace exporter: %w", err)
 		}
 		// The provider reads OTEL_TRACES_SAMPLER(_ARG) and the batch
-		// processor OTEL_BSP_*.
-		t.tp = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(exp))
+		// processor OTEL_BSP_*. Without a sampler set, a busy stream
+		// traces DefaultTracesPerSecond transactions a second, not all.
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithBatcher(exp)}
+		if getenv("OTEL_TRACES_SAMPLER") == "" {
+			opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(newRateSampler(DefaultTracesPerSecond))))
+		}
+		t.tp = sdktrace.NewTracerProvider(opts...)
 		otel.SetTracerProvider(t.tp)
 		otel.SetTextMapPropagator(propagation.TraceContext{})
 		tracing.Store(true)
@@ -180,6 +186,37 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 		errs = append(errs, t.mp.Shutdown(ctx))
 	}
 	return errors.Join(errs...)
+}
+
+// DefaultTracesPerSecond bounds the traces started a second when
+// OTEL_TRACES_SAMPLER is unset.
+const DefaultTracesPerSecond = 10
+
+// rateSampler samples a root span when at least its interval has passed
+// since the last one it sampled: at most perSecond traces a second, and an
+// idle stream's next change is always traced.
+type rateSampler struct {
+	every time.Duration
+	last  atomic.Int64 // unix nanoseconds of the last sampled root
+}
+
+func newRateSampler(perSecond int) *rateSampler {
+	return &rateSampler{every: time.Second / time.Duration(max(perSecond, 1))}
+}
+
+func (r *rateSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	psc := trace.SpanContextFromContext(p.ParentContext)
+	now := time.Now().UnixNano()
+	last := r.last.Load()
+	decision := sdktrace.Drop
+	if now-last >= int64(r.every) && r.last.CompareAndSwap(last, now) {
+		decision = sdktrace.RecordAndSample
+	}
+	return sdktrace.SamplingResult{Decision: decision, Tracestate: psc.TraceState()}
+}
+
+func (r *rateSampler) Description() string {
+	return fmt.Sprintf("RateSampler{%v}", r.every)
 }
 
 // Tracer is jetsync's tracer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -73,5 +74,20 @@ func TestInjectExtract(t *testing.T) {
 	}
 	if _, ok := Extract(map[string][]string{}); ok {
 		t.Error("no traceparent extracted")
+	}
+}
+
+func TestRateSampler(t *testing.T) {
+	r := newRateSampler(10)
+	p := sdktrace.SamplingParameters{ParentContext: context.Background(), Name: "x"}
+	if r.ShouldSample(p).Decision != sdktrace.RecordAndSample {
+		t.Fatal("the first root was not sampled")
+	}
+	if r.ShouldSample(p).Decision != sdktrace.Drop {
+		t.Error("a second root within 100 ms was sampled")
+	}
+	r.last.Add(-int64(r.every))
+	if r.ShouldSample(p).Decision != sdktrace.RecordAndSample {
+		t.Error("a root after the interval was not sampled")
 	}
 }

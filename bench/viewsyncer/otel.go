@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -69,7 +70,11 @@ func startOTLPSink() (*otlpSink, error) {
 
 type otelRun struct {
 	throughput float64 // transactions per second, commit to client
-	p50        time.Duration
+	// cpuPerTxn is the jetsync process's CPU time (user and system) over
+	// the throughput measure, per transaction: on a loaded machine a
+	// steadier figure of the work than the wall clock.
+	cpuPerTxn time.Duration
+	p50       time.Duration
 }
 
 // runOTel measures what exporting OpenTelemetry costs: `jetsync run` with
@@ -117,7 +122,7 @@ func runOTel(ctx context.Context, o options, bin, root string, up *upstream) err
 				off = append(off, r)
 			}
 			if o.verbose {
-				fmt.Printf("pair %d otel=%v: %.0f txn/s, p50 %.2f ms\n", pair, withOTel, r.throughput, ms(r.p50))
+				fmt.Printf("pair %d otel=%v: %.0f txn/s, %v CPU/txn, p50 %.2f ms\n", pair, withOTel, r.throughput, r.cpuPerTxn, ms(r.p50))
 			}
 		}
 	}
@@ -131,9 +136,17 @@ func measureOTelRun(ctx context.Context, bin, root, pgURL, env string, q queries
 		return otelRun{}, err
 	}
 	defer js.Stop()
+	cpu0, err := procCPU(js.Cmd.Process.Pid)
+	if err != nil {
+		return otelRun{}, err
+	}
 	tput, err := measureThroughput(ctx, js.Base, pgURL, q, o.otelTxns)
 	if err != nil {
 		return otelRun{}, fmt.Errorf("throughput: %w", err)
+	}
+	cpu1, err := procCPU(js.Cmd.Process.Pid)
+	if err != nil {
+		return otelRun{}, err
 	}
 	l, err := measureLatency(ctx, js.Base, pgURL, q, strings.Split(o.latQs, ","), o.updates, o.rate)
 	if err != nil {
@@ -142,7 +155,7 @@ func measureOTelRun(ctx context.Context, bin, root, pgURL, env string, q queries
 	if err := js.AliveNoError(); err != nil {
 		return otelRun{}, err
 	}
-	return otelRun{throughput: tput, p50: l.p50}, nil
+	return otelRun{throughput: tput, cpuPerTxn: (cpu1 - cpu0) / time.Duration(o.otelTxns), p50: l.p50}, nil
 }
 
 // measureThroughput commits n single-row UPDATE transactions from four
@@ -259,16 +272,31 @@ func printOTel(o options, off, on []otelRun, sink *otlpSink) {
 		o.updates, o.rate, list(p50(off)), list(p50(on)), ms(lOff), ms(lOn), dl, aimOTelP50CostMS, met(dl < aimOTelP50CostMS))
 	// Each pair ran back to back: the median of the pairs' differences
 	// cancels the load that drifts between pairs.
-	var dts, dls []float64
+	var dts, dls, dcs []float64
 	for i := range min(len(off), len(on)) {
 		dts = append(dts, 1-on[i].throughput/off[i].throughput)
 		dls = append(dls, ms(on[i].p50)-ms(off[i].p50))
+		dcs = append(dcs, on[i].cpuPerTxn.Seconds()/off[i].cpuPerTxn.Seconds()-1)
 	}
 	slices.Sort(dts)
 	slices.Sort(dls)
+	slices.Sort(dcs)
+	cpus := func(rs []otelRun) []time.Duration {
+		out := make([]time.Duration, len(rs))
+		for i, r := range rs {
+			out[i] = r.cpuPerTxn
+		}
+		return out
+	}
+	cOff, cOn := median(cpus(off)), median(cpus(on))
+	cc := cOn.Seconds()/cOff.Seconds() - 1
+	fmt.Printf("| jetsync's CPU time per transaction over the throughput measure (the work throughput is bound by on 2 cores); median | %v | %v | %.1f%% | < %.0f%% %s |\n",
+		cOff, cOn, 100*cc, 100*aimOTelThroughputCost, met(cc < aimOTelThroughputCost))
 	fmt.Printf("\npaired (on − off within each pair), median: throughput cost %.1f%% (aim < %.0f%% %s), p50 %+.2f ms (aim < %.1f ms %s); pairs' throughput costs %s%%, p50 differences %s ms\n",
 		100*dts[len(dts)/2], 100*aimOTelThroughputCost, met(dts[len(dts)/2] < aimOTelThroughputCost),
 		dls[len(dls)/2], aimOTelP50CostMS, met(dls[len(dls)/2] < aimOTelP50CostMS), floats1(dts, 100), floats1(dls, 1))
+	fmt.Printf("paired CPU per transaction, median: %+.1f%% (aim < %.0f%% %s); pairs' %s%%\n",
+		100*dcs[len(dcs)/2], 100*aimOTelThroughputCost, met(dcs[len(dcs)/2] < aimOTelThroughputCost), floats1(dcs, 100))
 }
 
 func floats(fs []float64) string {
@@ -285,4 +313,25 @@ func floats1(fs []float64, scale float64) string {
 		s[i] = strconv.FormatFloat(f*scale, 'f', 2, 64)
 	}
 	return strings.Join(s, ", ")
+}
+
+// procCPU is pid's user and system CPU time so far, from /proc/pid/stat
+// (clock ticks of 1/100 s, Linux's USER_HZ).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command, which is in parentheses and may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b)[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad times %q %q", pid, f[11], f[12])
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }

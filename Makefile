@@ -162,6 +162,7 @@ bench: build
 	done
 	@$(MAKE) --no-print-directory bench-viewsyncer
 	@$(MAKE) --no-print-directory bench-crud
+	@$(MAKE) --no-print-directory bench-otel
 
 # bench-viewsyncer measures the sync server of ./bin/jetsync run against
 # zero-cache 1.9.0's figures on seed.sh 100000: server-side and real-client
@@ -173,6 +174,17 @@ VIEWSYNCER_BENCH_FLAGS ?=
 bench-viewsyncer: build node-deps
 	@echo "== bench/viewsyncer/"
 	$(GO) run ./bench/viewsyncer -bin $(BIN) -runs $(BENCH_RUNS) $(VIEWSYNCER_BENCH_FLAGS)
+
+# bench-otel measures what exporting OpenTelemetry costs: throughput, the
+# process's CPU per transaction and commit -> client p50 of ./bin/jetsync run
+# with OTEL_* unset and set (to a receiver in the bench), in alternating runs,
+# against the aims (< 5% of throughput, < 0.3 ms of p50). The per-span and
+# per-export costs are internal/telemetry's Go benchmarks, run by bench above.
+OTEL_BENCH_RUNS ?= 6
+.PHONY: bench-otel
+bench-otel: build
+	@echo "== OpenTelemetry export cost"
+	$(GO) run ./bench/viewsyncer -bin $(BIN) -otel -issues 2000 -otel-txns 20000 -runs $(OTEL_BENCH_RUNS)
 
 # bench-crud measures a legacy CRUD write's round trip, from the push to the
 # poke that carries its lastMutationID, p50 and p99 over 300 writes, on

@@ -105,6 +105,12 @@ func Start(ctx context.Context, o Options) (*Telemetry, error) {
 	if !wantMetrics && !wantTraces {
 		return t, nil
 	}
+	if o.Log != nil {
+		// Export failures (a collector down) are logged, not fatal: the
+		// SDK retries at the next interval.
+		log := o.Log
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("OpenTelemetry", "err", err) }))
+	}
 	for _, sig := range []string{"METRICS", "TRACES"} {
 		if e := getenv("OTEL_" + sig + "_EXPORTER"); e != "" && e != "otlp" && e != "none" {
 			return nil, fmt.Errorf("OTEL_%s_EXPORTER=%s: jetsync exports otlp or none", sig, e)

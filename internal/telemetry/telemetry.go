@@ -42,7 +42,8 @@ type Options struct {
 	// Gatherer is what the metrics are read from.
 	Gatherer prometheus.Gatherer
 	Log      *slog.Logger
-	// Getenv reads the OTEL_* variables; nil: os.Getenv.
+	// Getenv reads the OTEL_* variables that decide what starts; nil:
+	// os.Getenv. The SDK's exporters read the process's environment.
 	Getenv func(string) string
 }
 

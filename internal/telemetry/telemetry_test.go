@@ -2,7 +2,12 @@ package telemetry
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -89,5 +94,48 @@ func TestRateSampler(t *testing.T) {
 	r.last.Add(-int64(r.every))
 	if r.ShouldSample(p).Decision != sdktrace.RecordAndSample {
 		t.Error("a root after the interval was not sampled")
+	}
+}
+
+// TestStart_HTTPProtobufByDefault: with only OTEL_EXPORTER_OTLP_ENDPOINT
+// set, metrics and traces go over OTLP/HTTP to its /v1/metrics and
+// /v1/traces, and Shutdown flushes them.
+func TestStart_HTTPProtobufByDefault(t *testing.T) {
+	var mu sync.Mutex
+	hits := map[string]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits[r.URL.Path] = r.Header.Get("Content-Type")
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "zero_mutation_crud_total", Help: "h"})
+	reg.MustRegister(c)
+	c.Inc()
+	// The exporters read the process's environment themselves.
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	tel, err := Start(context.Background(), Options{Worker: "test", Gatherer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Tracing() {
+		t.Fatal("tracing is off")
+	}
+	_, span := Tracer().Start(context.Background(), "x")
+	span.End()
+	if err := tel.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if Tracing() {
+		t.Error("tracing still on after Shutdown")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range []string{"/v1/metrics", "/v1/traces"} {
+		if ct, ok := hits[p]; !ok || ct != "application/x-protobuf" {
+			t.Errorf("%s: hit %v, content type %q; want an OTLP/HTTP protobuf export (hits %v)", p, ok, ct, hits)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/jetsync/jetsync/internal/polltest"
+	"github.com/jetsync/jetsync/streams"
 )
 
 // otlpReceiver is an OTLP/gRPC collector that records what it is sent.
@@ -32,6 +33,7 @@ type otlpReceiver struct {
 type recvSpan struct {
 	traceID, parentID, name string
 	worker                  string
+	attrs                   map[string]string
 }
 
 func startOTLPReceiver(t *testing.T) *otlpReceiver {
@@ -66,7 +68,7 @@ func (r *otlpReceiver) Export(_ context.Context, req *colltrace.ExportTraceServi
 			for _, s := range ss.GetSpans() {
 				r.spans[hex.EncodeToString(s.GetSpanId())] = recvSpan{
 					traceID: hex.EncodeToString(s.GetTraceId()), parentID: hex.EncodeToString(s.GetParentSpanId()),
-					name: s.GetName(), worker: res["process.worker"],
+					name: s.GetName(), worker: res["process.worker"], attrs: attrs(s.GetAttributes()),
 				}
 			}
 		}
@@ -96,9 +98,9 @@ func (m metricsServer) Export(_ context.Context, req *collmetrics.ExportMetricsS
 }
 
 // chain returns the spans of the trace in which a poke descends, parent by
-// parent, from a Postgres commit, as names from the commit down; "" if no
-// such trace arrived yet.
-func (r *otlpReceiver) chain() (string, []string) {
+// parent, from a Postgres commit whose publish went to subject, as names
+// from the commit down; nil if no such trace arrived yet.
+func (r *otlpReceiver) chain(subject string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range r.spans {
@@ -106,19 +108,23 @@ func (r *otlpReceiver) chain() (string, []string) {
 			continue
 		}
 		names := []string{s.name}
+		published := ""
 		for cur := s; cur.parentID != "" && cur.parentID != "0000000000000000"; {
 			p, ok := r.spans[cur.parentID]
 			if !ok || p.traceID != s.traceID {
 				break
 			}
 			names = append([]string{p.name}, names...)
+			if p.name == "jetstream publish" {
+				published = p.attrs["messaging.destination.name"]
+			}
 			cur = p
 		}
-		if names[0] == "postgres commit" {
-			return s.traceID, names
+		if names[0] == "postgres commit" && published == subject {
+			return names
 		}
 	}
-	return "", nil
+	return nil
 }
 
 // TestOTel_ExportsMetricsAndOneTrace is issue 16's OpenTelemetry
@@ -159,8 +165,10 @@ func TestOTel_ExportsMetricsAndOneTrace(t *testing.T) {
 	c.waitRow("traced by otel")
 
 	var names []string
-	polltest.Until(t, 30*time.Second, "a trace from the commit to the poke", func() bool {
-		_, names = recv.chain()
+	// The insert's message goes to its table's subject (streams/README.md).
+	subject := streams.Shard{App: zeroAppID}.TableSubject("public", "issue")
+	polltest.Until(t, 30*time.Second, "a trace from the insert's commit to the poke", func() bool {
+		names = recv.chain(subject)
 		return names != nil
 	})
 	want := []string{"postgres commit", "jetstream publish", "replica apply", "view-syncer advance", "group advance", "poke"}

@@ -184,7 +184,7 @@ OTEL_BENCH_RUNS ?= 6
 .PHONY: bench-otel
 bench-otel: build
 	@echo "== OpenTelemetry export cost"
-	$(GO) run ./bench/viewsyncer -bin $(BIN) -otel -issues 2000 -otel-txns 20000 -runs $(OTEL_BENCH_RUNS)
+	$(GO) run ./bench/viewsyncer -bin $(BIN) -otel -issues 2000 -otel-txns 20000 -updates 300 -rate 20 -runs $(OTEL_BENCH_RUNS)
 
 # bench-crud measures a legacy CRUD write's round trip, from the push to the
 # poke that carries its lastMutationID, p50 and p99 over 300 writes, on

@@ -74,6 +74,10 @@ type otelRun struct {
 	// the throughput measure, per transaction: on a loaded machine a
 	// steadier figure of the work than the wall clock.
 	cpuPerTxn time.Duration
+	// steadyCPU is the process's CPU share over the latency measure: one
+	// transaction a message at a fixed rate, so that batching does not
+	// move it, and what the export adds shows.
+	steadyCPU float64
 	p50       time.Duration
 }
 
@@ -124,7 +128,7 @@ func runOTel(ctx context.Context, o options, bin, root string, up *upstream) err
 				off = append(off, r)
 			}
 			if o.verbose {
-				fmt.Printf("pair %d otel=%v: %.0f txn/s, %v CPU/txn, p50 %.2f ms\n", pair, withOTel, r.throughput, r.cpuPerTxn, ms(r.p50))
+				fmt.Printf("pair %d otel=%v: %.0f txn/s, %v CPU/txn, p50 %.2f ms, %.1f%% of a core at %d/s\n", pair, withOTel, r.throughput, r.cpuPerTxn, ms(r.p50), 100*r.steadyCPU, o.rate)
 			}
 		}
 	}
@@ -150,14 +154,23 @@ func measureOTelRun(ctx context.Context, bin, root, pgURL, env string, q queries
 	if err != nil {
 		return otelRun{}, err
 	}
+	cpu2, t2 := cpu1, time.Now()
+	if cpu2, err = procCPU(js.Cmd.Process.Pid); err != nil {
+		return otelRun{}, err
+	}
 	l, err := measureLatency(ctx, js.Base, pgURL, q, strings.Split(o.latQs, ","), o.updates, o.rate)
 	if err != nil {
 		return otelRun{}, fmt.Errorf("latency: %w", err)
 	}
+	cpu3, err := procCPU(js.Cmd.Process.Pid)
+	if err != nil {
+		return otelRun{}, err
+	}
+	steady := (cpu3 - cpu2).Seconds() / time.Since(t2).Seconds()
 	if err := js.AliveNoError(); err != nil {
 		return otelRun{}, err
 	}
-	return otelRun{throughput: tput, cpuPerTxn: (cpu1 - cpu0) / time.Duration(o.otelTxns), p50: l.p50}, nil
+	return otelRun{throughput: tput, cpuPerTxn: (cpu1 - cpu0) / time.Duration(o.otelTxns), steadyCPU: steady, p50: l.p50}, nil
 }
 
 // measureThroughput commits n single-row UPDATE transactions from four
@@ -297,6 +310,13 @@ func printOTel(o options, off, on []otelRun, sink *otlpSink) {
 	fmt.Printf("\npaired (on − off within each pair), median: throughput cost %.1f%% (aim < %.0f%% %s), p50 %+.2f ms (aim < %.1f ms %s); pairs' throughput costs %s%%, p50 differences %s ms\n",
 		100*dts[len(dts)/2], 100*aimOTelThroughputCost, met(dts[len(dts)/2] < aimOTelThroughputCost),
 		dls[len(dls)/2], aimOTelP50CostMS, met(dls[len(dls)/2] < aimOTelP50CostMS), floats1(dts, 100), floats1(dls, 1))
+	var dss []float64
+	for i := range min(len(off), len(on)) {
+		dss = append(dss, on[i].steadyCPU-off[i].steadyCPU)
+	}
+	slices.Sort(dss)
+	fmt.Printf("paired CPU share at %d updates/s (on − off, percent of a core), median: %+.2f; pairs' %s\n",
+		o.rate, 100*dss[len(dss)/2], floats1(dss, 100))
 	fmt.Printf("paired CPU per transaction, median: %+.1f%% (aim < %.0f%% %s); pairs' %s%%\n",
 		100*dcs[len(dcs)/2], 100*aimOTelThroughputCost, met(dcs[len(dcs)/2] < aimOTelThroughputCost), floats1(dcs, 100))
 }

@@ -42,11 +42,11 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Help: "LSN confirmed to the upstream replication slot.",
 		}),
 		streamedCommits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetsync_producer_streamed_commits",
+			Name: "jetsync_producer_streamed_commits_total",
 			Help: "Upstream transactions streamed before their commit, then committed.",
 		}),
 		streamedAborts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetsync_producer_streamed_aborts",
+			Name: "jetsync_producer_streamed_aborts_total",
 			Help: "Upstream transactions streamed before their end, then rolled back.",
 		}),
 	}

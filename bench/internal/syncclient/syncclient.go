@@ -168,6 +168,10 @@ func (c *Client) read() (string, []byte, error) {
 	return tag, data, nil
 }
 
+// ReadFrame returns the next frame's tag and the whole frame, for callers
+// that scan frames themselves. An error frame is an error.
+func (c *Client) ReadFrame() (string, []byte, error) { return c.read() }
+
 // Expect reads frames up to one tagged tag, skipping pongs.
 func (c *Client) Expect(tag string) error {
 	for {

@@ -2,16 +2,11 @@ package cvrstore
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetsync/jetsync/internal/logkey"
@@ -237,8 +232,10 @@ func (g *Group) applied(ctx context.Context) error {
 
 // Publish appends one CVR update, at version (the CVR's version after it),
 // and returns once JetStream has stored it, so that a pokeEnd sent
-// afterwards never carries a cookie the stream cannot reproduce. An update larger than
-// one message is published as one atomic batch. The update is then applied
+// afterwards never carries a cookie the stream cannot reproduce. An update
+// larger than one message is published as one atomic batch, and updates of
+// other groups published at the same time share it (commit.go). The
+// update is then applied
 // to the local projection in the background (State and a later Load wait
 // for it), so events must not be modified after the call; once
 // the group's history has grown past CompactAfter messages, Publish
@@ -283,17 +280,7 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 	if err != nil {
 		return fmt.Errorf("publish cvr %q: %w", g.id, err) // nothing sent: the Group stays usable
 	}
-	var last uint64
-	if len(msgs) == 1 {
-		var ack *jetstream.PubAck
-		ack, err = g.s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: g.subject, Data: msgs[0]},
-			jetstream.WithExpectLastSequencePerSubject(g.seq))
-		if err == nil {
-			last = ack.Sequence
-		}
-	} else {
-		last, err = g.s.publishBatch(ctx, g.subject, msgs, g.seq)
-	}
+	last, err := g.s.commit(ctx, g.subject, msgs, g.seq)
 	if err != nil {
 		if conflict(err) {
 			err = fmt.Errorf("%w: %w", ErrConflict, err)
@@ -353,53 +340,6 @@ func (g *Group) Compact(ctx context.Context) error {
 		return fmt.Errorf("compact cvr %q: projection at seq %d, group at %d", g.id, st.Progress.Seq, g.seq)
 	}
 	return g.publish(ctx, st.Instance.Version, cvr.SnapshotEvents(st), true)
-}
-
-// publishBatch publishes msgs as one JetStream atomic batch, the first
-// expecting prev as the subject's last sequence, and returns the sequence
-// of the last. Only the commit message asks for a reply: JetStream answers
-// it with the whole batch's outcome.
-func (s *Store) publishBatch(ctx context.Context, subject string, msgs [][]byte, prev uint64) (uint64, error) {
-	var id [16]byte
-	rand.Read(id[:])
-	bid := hex.EncodeToString(id[:])
-	nc := s.cfg.JS.Conn()
-	for i, b := range msgs {
-		m := nats.NewMsg(subject)
-		m.Data = b
-		m.Header.Set("Nats-Batch-Id", bid)
-		m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
-		if i == 0 {
-			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(prev, 10))
-		}
-		if i < len(msgs)-1 {
-			if err := nc.PublishMsg(m); err != nil {
-				return 0, fmt.Errorf("batch publish: %w", err)
-			}
-			continue
-		}
-		m.Header.Set("Nats-Batch-Commit", "1")
-		resp, err := nc.RequestMsgWithContext(ctx, m)
-		if err != nil {
-			return 0, fmt.Errorf("batch publish: %w", err)
-		}
-		var ack struct {
-			Error *jetstream.APIError `json:"error"`
-			Seq   uint64              `json:"seq"`
-			Count int                 `json:"count"`
-		}
-		if err := json.Unmarshal(resp.Data, &ack); err != nil {
-			return 0, fmt.Errorf("batch publish: ack: %w", err)
-		}
-		if ack.Error != nil {
-			return 0, fmt.Errorf("batch publish: %w", ack.Error)
-		}
-		if ack.Count != len(msgs) {
-			return 0, fmt.Errorf("batch publish: stored %d of %d messages", ack.Count, len(msgs))
-		}
-		return ack.Seq, nil
-	}
-	return 0, errors.New("batch publish: no messages")
 }
 
 // conflict reports JetStream's answer to a wrong expected last sequence.

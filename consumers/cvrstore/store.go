@@ -123,6 +123,8 @@ type Store struct {
 
 	// applies runs projection applies after their PubAcks (apply.go).
 	applies applyQueue
+	// commits gathers concurrent publishes into batches (commit.go).
+	commits committer
 
 	mu     sync.Mutex
 	leases map[string]*Lease

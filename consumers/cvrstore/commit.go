@@ -1,0 +1,225 @@
+package cvrstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The stream fsyncs every write before its PubAck (sync_interval: always),
+// and one stream stores its messages one after another: with one publish
+// per group, a replica advance that changes 200 groups waits for 200
+// fsyncs in a row. The committer is a group commit: publishes of many
+// groups that wait at the same time go out as one JetStream atomic batch,
+// which the server stores with one fsync, and each caller gets its own
+// sequences back. Each group's first message keeps its expected last
+// subject sequence, which JetStream checks per subject inside a batch, so
+// a stale writer is still refused; since the batch is all or nothing, a
+// refused batch is retried one group at a time, and only the group at
+// fault gets the error.
+//
+// Durability is unchanged: Publish returns only after the PubAck of the
+// batch that holds its messages, so a pokeEnd never carries a cookie the
+// stream lacks.
+
+// maxCommitMessages bounds an atomic batch: JetStream refuses batches
+// over 1,000 messages by default.
+const maxCommitMessages = 1000
+
+// commitTimeout bounds one batch's round trip; the callers' contexts do
+// not, since a batch carries other groups' updates too.
+const commitTimeout = 10 * time.Second
+
+// commitReq is one group's update waiting to be published.
+type commitReq struct {
+	subject string
+	msgs    [][]byte
+	prev    uint64 // expected last sequence of the subject
+	// last is the sequence of the update's last message, once stored.
+	last uint64
+	err  error
+	// wake is closed when the request is done, or when its caller is to
+	// lead the next batch (lead).
+	wake chan struct{}
+	lead bool
+}
+
+// committer gathers concurrent publishes into batches: the first caller
+// to find none in flight leads, publishing everything queued; callers that
+// come meanwhile queue, and the first of them leads the next batch.
+type committer struct {
+	mu    sync.Mutex
+	queue []*commitReq
+	busy  bool
+	// trips counts publish round trips, for tests.
+	trips atomic.Int64
+}
+
+// commit publishes msgs on subject, the first message expecting prev as
+// the subject's last sequence, with whatever else is queued, and returns
+// the sequence of the last message.
+func (s *Store) commit(ctx context.Context, subject string, msgs [][]byte, prev uint64) (uint64, error) {
+	r := &commitReq{subject: subject, msgs: msgs, prev: prev, wake: make(chan struct{})}
+	q := &s.commits
+	q.mu.Lock()
+	q.queue = append(q.queue, r)
+	lead := !q.busy
+	q.busy = true
+	q.mu.Unlock()
+	if !lead {
+		<-r.wake
+		if !r.lead {
+			return r.last, r.err
+		}
+	}
+	q.mu.Lock()
+	batch := q.queue
+	q.queue = nil
+	q.mu.Unlock()
+
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	s.publishAll(cctx, batch)
+	cancel()
+
+	q.mu.Lock()
+	if len(q.queue) > 0 {
+		next := q.queue[0]
+		next.lead = true
+		close(next.wake)
+	} else {
+		q.busy = false
+	}
+	q.mu.Unlock()
+	for _, b := range batch {
+		if b != r {
+			close(b.wake)
+		}
+	}
+	return r.last, r.err
+}
+
+// publishAll publishes the requests, as few atomic batches as fit, and
+// sets each one's outcome.
+func (s *Store) publishAll(ctx context.Context, reqs []*commitReq) {
+	for len(reqs) > 0 {
+		n, size := 0, 0
+		for n < len(reqs) && (n == 0 || size+len(reqs[n].msgs) <= maxCommitMessages) {
+			size += len(reqs[n].msgs)
+			n++
+		}
+		s.publishChunk(ctx, reqs[:n])
+		reqs = reqs[n:]
+	}
+}
+
+func (s *Store) publishChunk(ctx context.Context, reqs []*commitReq) {
+	if len(reqs) == 1 {
+		s.publishOne(ctx, reqs[0])
+		return
+	}
+	last, err := s.publishBatch(ctx, reqs)
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil:
+		// A batch's messages take consecutive sequences, in order.
+		seq := last
+		for i := len(reqs) - 1; i >= 0; i-- {
+			reqs[i].last = seq
+			seq -= uint64(len(reqs[i].msgs))
+		}
+	case errors.As(err, &apiErr):
+		// JetStream refused the whole batch, so none of it is stored:
+		// one group at a time, only the one at fault fails.
+		for _, r := range reqs {
+			s.publishOne(ctx, r)
+		}
+	default:
+		// Whether the batch was stored is unknown.
+		for _, r := range reqs {
+			r.err = err
+		}
+	}
+}
+
+// publishOne publishes one group's update on its own.
+func (s *Store) publishOne(ctx context.Context, r *commitReq) {
+	if len(r.msgs) > 1 {
+		r.last, r.err = s.publishBatch(ctx, []*commitReq{r})
+		return
+	}
+	s.commits.trips.Add(1)
+	ack, err := s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: r.subject, Data: r.msgs[0]},
+		jetstream.WithExpectLastSequencePerSubject(r.prev))
+	if err != nil {
+		r.err = err
+		return
+	}
+	r.last = ack.Sequence
+}
+
+// publishBatch publishes the requests' messages as one JetStream atomic
+// batch, each request's first message expecting its prev as its subject's
+// last sequence, and returns the sequence of the last message. Only the
+// commit message asks for a reply: JetStream answers it with the whole
+// batch's outcome. A refusal is a *jetstream.APIError.
+func (s *Store) publishBatch(ctx context.Context, reqs []*commitReq) (uint64, error) {
+	s.commits.trips.Add(1)
+	var id [16]byte
+	rand.Read(id[:])
+	bid := hex.EncodeToString(id[:])
+	nc := s.cfg.JS.Conn()
+	total := 0
+	for _, r := range reqs {
+		total += len(r.msgs)
+	}
+	n := 0
+	for _, r := range reqs {
+		for i, b := range r.msgs {
+			n++
+			m := nats.NewMsg(r.subject)
+			m.Data = b
+			m.Header.Set("Nats-Batch-Id", bid)
+			m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(n))
+			if i == 0 {
+				m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(r.prev, 10))
+			}
+			if n < total {
+				if err := nc.PublishMsg(m); err != nil {
+					return 0, fmt.Errorf("batch publish: %w", err)
+				}
+				continue
+			}
+			m.Header.Set("Nats-Batch-Commit", "1")
+			resp, err := nc.RequestMsgWithContext(ctx, m)
+			if err != nil {
+				return 0, fmt.Errorf("batch publish: %w", err)
+			}
+			var ack struct {
+				Error *jetstream.APIError `json:"error"`
+				Seq   uint64              `json:"seq"`
+				Count int                 `json:"count"`
+			}
+			if err := json.Unmarshal(resp.Data, &ack); err != nil {
+				return 0, fmt.Errorf("batch publish: ack: %w", err)
+			}
+			if ack.Error != nil {
+				return 0, fmt.Errorf("batch publish: %w", ack.Error)
+			}
+			if ack.Count != total {
+				return 0, fmt.Errorf("batch publish: stored %d of %d messages", ack.Count, total)
+			}
+			return ack.Seq, nil
+		}
+	}
+	return 0, errors.New("batch publish: no messages")
+}

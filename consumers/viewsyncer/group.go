@@ -275,6 +275,11 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		return err
 	}
 	g.cvr.ReplicaVersion = snap.replicaVersion
+	if snap.yield != nil {
+		// The update is built: other groups may read while this one
+		// waits for its flush.
+		snap.yield()
+	}
 	return g.flush(ctx, u)
 }
 

@@ -458,10 +458,12 @@ func traceAdvance(ctx context.Context, u replicator.Update) (context.Context, tr
 		trace.WithLinks(links...), trace.WithAttributes(attribute.String("jetsync.watermark", u.To), attribute.Bool("jetsync.reset", u.Reset)))
 }
 
-// advanceGroups advances every group to snap, in parallel: each worker
-// reads its own snapshot at snap's watermark, and takes the next group
-// when done with one, so a slow group holds up one worker only. It closes
-// snap.
+// advanceGroups advances every group to snap, in parallel. The groups'
+// reads share a few snapshots at snap's watermark, one group at a time
+// each; a group lends its snapshot on (snapshot.yield) once its update is
+// built, and waits for its CVR flush without one, so that the flushes of
+// many groups wait together and share one publish (cvrstore's committer)
+// rather than taking turns. It closes snap.
 func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *changeSet) {
 	groups := s.groupList()
 	snaps := []*snapshot{snap}
@@ -476,29 +478,48 @@ func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *cha
 		}
 		snaps = append(snaps, sn)
 	}
-	next := make(chan *group)
-	var wg sync.WaitGroup
+	free := make(chan *snapshot, len(snaps))
 	for _, sn := range snaps {
-		wg.Go(func() {
-			defer sn.close()
-			for g := range next {
-				g.advanceContained(ctx, sn, changed)
-			}
-		})
+		free <- sn
 	}
+	running := make(chan struct{}, maxAdvancing)
+	var wg sync.WaitGroup
 	for _, g := range groups {
 		select {
-		case next <- g:
+		case running <- struct{}{}:
 		case <-ctx.Done():
 		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-running }()
+			var sn *snapshot
+			select {
+			case sn = <-free:
+			case <-ctx.Done():
+				return
+			}
+			lent := *sn
+			var once sync.Once
+			lent.yield = func() { once.Do(func() { free <- sn }) }
+			defer lent.yield()
+			g.advanceContained(ctx, &lent, changed)
+		})
 	}
-	close(next)
 	wg.Wait()
+	for range snaps {
+		(<-free).close()
+	}
 }
 
 // maxAdvanceWorkers bounds the groups advanced at once, leaving read
 // connections for the clients' own hydrations.
 const maxAdvanceWorkers = DefaultReadConns / 2
+
+// maxAdvancing bounds the groups whose advance is under way at once, most
+// of them waiting for a snapshot or for their CVR flush.
+const maxAdvancing = 512
 
 // evictLoop evicts expired queries, stops serving groups whose lease was
 // lost and unloads idle groups, until ctx ends.
@@ -590,6 +611,9 @@ type snapshot struct {
 	// from is where the changes an advance reports start; pipelines at an
 	// older version must re-hydrate fully.
 	from string
+	// yield, if not nil, lends the snapshot to the next group's advance:
+	// called once the group reads it no more (advanceGroups).
+	yield func()
 }
 
 func (sn *snapshot) close() {

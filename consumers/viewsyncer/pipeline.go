@@ -121,7 +121,7 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
 	now := make(map[string]struct{}, len(p.rows))
 	start := time.Now()
-	rowsRead, err := p.view.HydrateEach(ctx, snap.tx, func(r zql.RowValue) error {
+	rowsRead, err := p.view.HydrateEach(ctx, snap.querier(), func(r zql.RowValue) error {
 		id, key, err := rowID(r)
 		if err != nil {
 			return err
@@ -155,7 +155,7 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 // snapshot, and the CVR's references with it.
 func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeline, changes []zql.Change) error {
 	start := time.Now()
-	d, err := p.view.Update(ctx, snap.tx, changes)
+	d, err := p.view.Update(ctx, snap.querier(), changes)
 	if err != nil {
 		return fmt.Errorf("update %s: %w", p.hash, err)
 	}

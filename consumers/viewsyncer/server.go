@@ -268,6 +268,8 @@ type Server struct {
 	api     *appapi.Client   // nil: no query or mutate URL configured
 	metrics *metrics
 	inspect inspectStats
+	// stmts keeps db's prepared statements for the views' reads.
+	stmts *zql.StmtCache
 	// bg tracks the groups' pushers, which closeAll waits for.
 	bg             sync.WaitGroup
 	clientsTable   string
@@ -335,6 +337,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:            cfg,
 		log:            log,
 		db:             db,
+		stmts:          zql.NewStmtCache(db, 0),
 		store:          store,
 		owners:         owners,
 		purger:         purger,
@@ -350,7 +353,7 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Close releases the replica connections.
-func (s *Server) Close() error { return s.db.Close() }
+func (s *Server) Close() error { return errors.Join(s.stmts.Close(), s.db.Close()) }
 
 // Patterns are the http.ServeMux patterns to mount Handler on: zero-cache's
 // [/<base>]/sync/v<N>/<action> (docs/protocol.md §2.1).
@@ -611,9 +614,21 @@ type snapshot struct {
 	// from is where the changes an advance reports start; pipelines at an
 	// older version must re-hydrate fully.
 	from string
+	// stmts, if not nil, is the statement cache of the pool tx is from
+	// (querier).
+	stmts *zql.StmtCache
 	// yield, if not nil, lends the snapshot to the next group's advance:
 	// called once the group reads it no more (advanceGroups).
 	yield func()
+}
+
+// querier is what the views read tx through: with the pool's cached
+// statements when there are.
+func (sn *snapshot) querier() zql.Querier {
+	if sn.stmts != nil {
+		return sn.stmts.Querier(sn.tx)
+	}
+	return sn.tx
 }
 
 func (sn *snapshot) close() {
@@ -677,7 +692,7 @@ func (s *Server) beginSnapshot(ctx context.Context, conn *sql.Conn) (*snapshot, 
 		_ = tx.Rollback()
 		return nil, nil
 	}
-	return &snapshot{tx: tx, conn: conn, version: st.Watermark, replicaVersion: st.ReplicaVersion, from: st.Watermark}, nil
+	return &snapshot{tx: tx, conn: conn, stmts: s.stmts, version: st.Watermark, replicaVersion: st.ReplicaVersion, from: st.Watermark}, nil
 }
 
 // finishSnapshot loads the schema and read rules at snap, or closes it.

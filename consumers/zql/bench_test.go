@@ -65,10 +65,13 @@ func BenchmarkHydrate(b *testing.B) {
 // BenchmarkView_UpdateOneRow times one issue update on 100,000 issues: the
 // first row of the window moves past its end (so the window refills), then
 // the view either updates from the change or re-runs the query, as the
-// view-syncer did before views.
+// view-syncer did before views. update-cached reads through a StmtCache,
+// as the view-syncer does.
 func BenchmarkView_UpdateOneRow(b *testing.B) {
 	db := seedIssues(b, 100000)
 	ctx := context.Background()
+	stmts := NewStmtCache(db, 0)
+	defer stmts.Close()
 	for _, bc := range []struct{ name, ast string }{
 		{"open-by-modified-limit-50", `{"table":"issue","where":` + simpleJSON("open", "=", "true") + `,"orderBy":[["modified","asc"]],"limit":50}`},
 		{"open-by-title-limit-50", `{"table":"issue","where":` + simpleJSON("open", "=", "true") + `,"orderBy":[["title","asc"]],"limit":50}`},
@@ -82,15 +85,19 @@ func BenchmarkView_UpdateOneRow(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, mode := range []string{"update", "rehydrate"} {
+		for _, mode := range []string{"update", "update-cached", "rehydrate"} {
 			b.Run(bc.name+"/"+mode, func(b *testing.B) {
 				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer tx.Rollback()
+				var qu Querier = tx
+				if mode == "update-cached" {
+					qu = stmts.Querier(tx)
+				}
 				v := q.NewView()
-				res, err := v.Hydrate(ctx, tx)
+				res, err := v.Hydrate(ctx, qu)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -107,8 +114,8 @@ func BenchmarkView_UpdateOneRow(b *testing.B) {
 						b.Fatal(err)
 					}
 					c := Change{Table: "issue", Old: old, New: readIssue(b, tx, id)}
-					if mode == "update" {
-						d, err := v.Update(ctx, tx, []Change{c})
+					if mode != "rehydrate" {
+						d, err := v.Update(ctx, qu, []Change{c})
 						if err != nil {
 							b.Fatal(err)
 						}

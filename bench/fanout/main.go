@@ -172,7 +172,7 @@ func run(o options) error {
 		return err
 	}
 	defer w.close()
-	f := &fleet{base: js.Base, marker: []byte(fmt.Sprintf("fan%d-", time.Now().UnixNano()%1e6))}
+	f := &fleet{base: js.Base, pid: js.Cmd.Process.Pid, marker: []byte(fmt.Sprintf("fan%d-", time.Now().UnixNano()%1e6))}
 	defer f.close()
 
 	var rows []row
@@ -289,7 +289,9 @@ func (w *writer) write(ctx context.Context, marker []byte) error {
 // fleet is the connected groups, one client each, whose readers note when
 // each write's title reached them.
 type fleet struct {
-	base    string
+	base string
+	// pid is jetsync's, whose CPU time each step reports.
+	pid     int
 	marker  []byte
 	members []*member
 }
@@ -409,13 +411,16 @@ type step struct {
 	actual               float64 // writes/s achieved
 	p50, p99, max        time.Duration
 	missing              int // write×group pairs not arrived within the wait
+	// cpu is the CPU time jetsync used from the first write to the last
+	// arrival: on a shared machine, steadier than the lags.
+	cpu time.Duration
 }
 
 func (s step) within(p99MS float64) bool { return s.missing == 0 && ms(s.p99) <= p99MS }
 
 func (s step) String() string {
-	str := fmt.Sprintf("%d writes at %.0f/s × %d groups: p50 %.1f ms, p99 %.1f ms, max %.1f ms",
-		s.writes, s.actual, s.groups, ms(s.p50), ms(s.p99), ms(s.max))
+	str := fmt.Sprintf("%d writes at %.0f/s × %d groups: p50 %.1f ms, p99 %.1f ms, max %.1f ms; jetsync CPU %.2f ms per write",
+		s.writes, s.actual, s.groups, ms(s.p50), ms(s.p99), ms(s.max), ms(s.cpu)/float64(s.writes))
 	if s.missing > 0 {
 		str += fmt.Sprintf(", %d never arrived", s.missing)
 	}
@@ -426,6 +431,7 @@ func (s step) String() string {
 // has seen each of them (a minute at most after the last commit).
 func (f *fleet) measure(ctx context.Context, w *writer, rate, n int) (step, error) {
 	lo := w.next
+	cpu0 := cpuTime(f.pid)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	t0 := time.Now()
@@ -442,19 +448,20 @@ func (f *fleet) measure(ctx context.Context, w *writer, rate, n int) (step, erro
 		missing := 0
 		for _, m := range f.members {
 			m.mu.Lock()
-			for i := lo; i < hi; i++ {
-				if i >= len(m.at) || m.at[i].IsZero() {
+			arr := shown(m.at, lo, hi)
+			err := m.err
+			m.mu.Unlock()
+			for _, t := range arr {
+				if t.IsZero() {
 					missing++
 				}
 			}
-			err := m.err
-			m.mu.Unlock()
 			if err != nil {
 				return step{}, fmt.Errorf("a client's connection ended: %w", err)
 			}
 		}
 		if missing == 0 || time.Now().After(deadline) {
-			st.missing = missing
+			st.missing, st.cpu = missing, cpuTime(f.pid)-cpu0
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -462,12 +469,13 @@ func (f *fleet) measure(ctx context.Context, w *writer, rate, n int) (step, erro
 	lags := make([]time.Duration, 0, len(f.members)*(hi-lo))
 	for _, m := range f.members {
 		m.mu.Lock()
-		for i := lo; i < hi; i++ {
-			if i < len(m.at) && !m.at[i].IsZero() {
-				lags = append(lags, max(0, m.at[i].Sub(w.committed[i])))
+		arr := shown(m.at, lo, hi)
+		m.mu.Unlock()
+		for k, t := range arr {
+			if !t.IsZero() {
+				lags = append(lags, max(0, t.Sub(w.committed[lo+k])))
 			}
 		}
-		m.mu.Unlock()
 	}
 	if len(lags) == 0 {
 		return st, errors.New("no write reached any group")
@@ -476,6 +484,44 @@ func (f *fleet) measure(ctx context.Context, w *writer, rate, n int) (step, erro
 	st.p50, st.p99, st.max = lags[len(lags)/2], lags[len(lags)*99/100], lags[len(lags)-1]
 	return st, nil
 }
+
+// shown is, for each write from lo to hi, when a group's view first showed
+// it or a later write of the same issue: writes to one row that land in
+// one replica advance reach a client as one poke with the last value, as
+// they should, so an earlier title may never be sent. Zero: not yet.
+func shown(at []time.Time, lo, hi int) []time.Time {
+	out := make([]time.Time, hi-lo)
+	var first [hotIssues]time.Time // per issue, the earliest arrival of a later write
+	for i := hi - 1; i >= lo; i-- {
+		k := i % hotIssues
+		if i < len(at) && !at[i].IsZero() && (first[k].IsZero() || at[i].Before(first[k])) {
+			first[k] = at[i]
+		}
+		out[i-lo] = first[k]
+	}
+	return out
+}
+
+// cpuTime is the user and system CPU time of process pid so far (0 when
+// /proc does not say).
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name, in parentheses, may hold spaces: fields count
+	// from after it; utime and stime are the 14th and 15th, in ticks.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, 100 on Linux.
+const clockTicks = 100
 
 type row struct {
 	groups int
@@ -504,7 +550,7 @@ func print(rows []row) {
 			lr, gr := float64(r.slow.p50)/float64(base.slow.p50), float64(r.groups)/float64(base.groups)
 			growth = fmt.Sprintf("%.2f× for %.0f× the groups (%s)", lr, gr, sub(lr < gr))
 		}
-		slow := fmt.Sprintf("%.1f / %.1f ms", ms(r.slow.p50), ms(r.slow.p99))
+		slow := fmt.Sprintf("%.1f / %.1f ms (jetsync CPU %.1f ms per write)", ms(r.slow.p50), ms(r.slow.p99), ms(r.slow.cpu)/float64(r.slow.writes))
 		if r.slow.missing > 0 {
 			slow += fmt.Sprintf(" (%d never arrived)", r.slow.missing)
 		}

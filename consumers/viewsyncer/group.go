@@ -209,9 +209,12 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 			continue
 		}
 		if !rebuilt && changed != nil && !intersects(p.tables, changed.tables) {
-			continue
+			p.pass(snap)
+			if !p.rehydrate {
+				continue
+			}
 		}
-		if rebuilt || changed == nil {
+		if rebuilt || changed == nil || p.rehydrate {
 			if err := g.hydrate(ctx, u, snap, p); err != nil {
 				return err
 			}

@@ -41,6 +41,16 @@ type pipeline struct {
 	tables      map[string]bool
 	// rows holds the IDs of the rows the query syncs.
 	rows map[string]struct{}
+	// key names the compiled query, for sharing its view with other
+	// groups' pipelines (shared.go) when shareable; shared is the view
+	// followed, nil while view is p's own. at is the replica version the
+	// view's result is at ("" unknown); rehydrate is set once p left a
+	// shared view it fell out of step with.
+	key       viewKey
+	shareable bool
+	shared    *sharedView
+	at        string
+	rehydrate bool
 }
 
 // changeSet is what the replica changed between two snapshots.
@@ -103,10 +113,14 @@ func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
 		return false, err
 	}
 	p.query, p.view, p.schema, p.tables = q, q.NewView(), snap.schema, astTables(ast, nil)
+	p.shared, p.at = nil, ""
+	p.key, p.shareable = keyOf(snap.schema, ast)
+	p.shareable = p.shareable && !p.internal
 	return true, nil
 }
 
 func (g *group) removePipeline(u *update, p *pipeline) {
+	p.shared = nil
 	for id := range p.rows {
 		u.Release(id, p.hash)
 	}
@@ -119,6 +133,11 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 // result.
 // Rows are taken, and streamed, as the evaluation brings them.
 func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
+	if p.shared != nil {
+		// Hydrating resets a view: never a shared one.
+		p.shared, p.view = nil, p.query.NewView()
+	}
+	p.at = ""
 	now := make(map[string]struct{}, len(p.rows))
 	start := time.Now()
 	rowsRead, err := p.view.HydrateEach(ctx, snap.querier(), func(r zql.RowValue) error {
@@ -147,7 +166,7 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 			u.Release(id, p.hash)
 		}
 	}
-	p.rows = now
+	p.rows, p.at, p.rehydrate = now, snap.version, false
 	return nil
 }
 
@@ -155,7 +174,15 @@ func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipel
 // snapshot, and the CVR's references with it.
 func (g *group) update(ctx context.Context, u *update, snap *snapshot, p *pipeline, changes []zql.Change) error {
 	start := time.Now()
-	d, err := p.view.Update(ctx, snap.querier(), changes)
+	d, shared, err := g.sharedUpdate(ctx, snap, p, changes)
+	if err == nil && !shared {
+		if p.rehydrate {
+			return g.hydrate(ctx, u, snap, p)
+		}
+		if d, err = p.view.Update(ctx, snap.querier(), changes); err == nil {
+			p.at = snap.version
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("update %s: %w", p.hash, err)
 	}

@@ -270,6 +270,8 @@ type Server struct {
 	inspect inspectStats
 	// stmts keeps db's prepared statements for the views' reads.
 	stmts *zql.StmtCache
+	// views are the views that groups running the same query share.
+	views sharedViews
 	// bg tracks the groups' pushers, which closeAll waits for.
 	bg             sync.WaitGroup
 	clientsTable   string

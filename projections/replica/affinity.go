@@ -90,7 +90,7 @@ func (t *table) storedImage(vals []any, present []bool) map[string]any {
 			return nil // before allocating: the common case of a key-only image
 		}
 	}
-	m := make(map[string]any, len(t.cols))
+	m := make(map[string]any, len(t.cols)+1) // room for an insert's version
 	for i := range t.cols {
 		v, ok := t.cols[i].aff.stored(vals[i])
 		if !ok {

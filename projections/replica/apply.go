@@ -64,6 +64,9 @@ type Applier struct {
 
 	tables map[string]*table
 	tx     *sql.Tx
+	// Buffers of insertRun, kept between calls.
+	batch []pendingInsert
+	args  []any
 }
 
 // NewApplier returns an Applier with empty caches.
@@ -98,11 +101,20 @@ func (a *Applier) use(tx *sql.Tx) {
 // subject, to none.
 func (a *Applier) Apply(ctx context.Context, tx *sql.Tx, schema, name string, p *streams.Part) error {
 	a.use(tx)
-	for i := range p.Changes {
+	for i := 0; i < len(p.Changes); {
 		c := &p.Changes[i]
+		if c.Op == streams.OpInsert {
+			n, err := a.insertRun(ctx, tx, schema, name, p.Watermark, p.Changes[i:])
+			if err != nil {
+				return fmt.Errorf("apply %s part %d change %d (%s): %w", p.Watermark, p.Num, i+n, c.Op, err)
+			}
+			i += n
+			continue
+		}
 		if err := a.apply(ctx, tx, schema, name, p, c); err != nil {
 			return fmt.Errorf("apply %s part %d change %d (%s): %w", p.Watermark, p.Num, i, c.Op, err)
 		}
+		i++
 	}
 	return nil
 }
@@ -148,8 +160,6 @@ func (a *Applier) apply(ctx context.Context, tx *sql.Tx, schema, name string, p 
 		return err
 	}
 	switch c.Op {
-	case streams.OpInsert:
-		return a.insert(ctx, t, c.New, p.Watermark)
 	case streams.OpUpdate:
 		return a.update(ctx, t, c, p.Watermark)
 	case streams.OpDelete:
@@ -769,15 +779,6 @@ func (a *Applier) selectRow(ctx context.Context, t *table, cols []int, kv []any)
 
 func (a *Applier) collecting(t *table) bool { return a.Collector != nil && len(t.pk) > 0 }
 
-func (a *Applier) insert(ctx context.Context, t *table, row streams.Row, version string) error {
-	vals, present, err := t.rowValues(row)
-	if err != nil {
-		return err
-	}
-	_, err = a.upsert(ctx, t, vals, present, version)
-	return err
-}
-
 // upsert writes a whole row, replacing any row with its key, and reports
 // the change.
 func (a *Applier) upsert(ctx context.Context, t *table, vals []any, present []bool, version string) (map[string]any, error) {
@@ -825,15 +826,29 @@ func (a *Applier) upsert(ctx context.Context, t *table, vals []any, present []bo
 		a.Collector.RowChanged(RowChange{Table: t.name, Key: t.keyMap(cols, kv), New: row})
 		return row, nil
 	}
+	return a.replaceRow(ctx, t, cols, kv, args, t.keyMap(cols, kv))
+}
+
+// replaceRow writes a whole row (args: every column, then the version)
+// over the row with key kv, and reports the change, with the row replaced
+// read first. It needs a collector.
+func (a *Applier) replaceRow(ctx context.Context, t *table, cols []int, kv, args []any, key map[string]any) (map[string]any, error) {
 	old, err := a.selectRow(ctx, t, cols, kv)
 	if err != nil {
 		return nil, err
 	}
-	row, err = t.scan(st.QueryRowContext(ctx, args...))
+	st, err := t.stmt(ctx, a.tx, "ir", func() string {
+		return "INSERT OR REPLACE INTO " + quoteIdent(t.name) + " (" + t.allColumns() + ") VALUES (" +
+			strings.Repeat("?, ", len(t.cols)) + "?) RETURNING " + t.allColumns()
+	})
+	if err != nil {
+		return nil, err
+	}
+	row, err := t.scan(st.QueryRowContext(ctx, args...))
 	if err != nil {
 		return nil, fmt.Errorf("insert into %s: %w", t.name, err)
 	}
-	a.Collector.RowChanged(RowChange{Table: t.name, Key: t.keyMap(cols, kv), Old: old, New: row})
+	a.Collector.RowChanged(RowChange{Table: t.name, Key: key, Old: old, New: row})
 	return row, nil
 }
 

@@ -905,8 +905,17 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 			}
 		}
 	}
-	op := "u"
+	// With every column given and its stored form certain, the new row is
+	// known without RETURNING, which costs more than the write.
+	var known map[string]any
 	if collect {
+		if known = t.storedImage(vals, present); known != nil {
+			known[VersionColumn] = version
+		}
+	}
+	returning := collect && known == nil
+	op := "u"
+	if returning {
 		op = "ur"
 	}
 	k := maskKey(op, present) + "/" + maskKey("", colsMask(len(t.cols), keyCols))
@@ -919,7 +928,7 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 			}
 		}
 		b.WriteString(quoteIdent(VersionColumn) + " = ?" + t.where(keyCols))
-		if collect {
+		if returning {
 			b.WriteString(" RETURNING " + t.allColumns())
 		}
 		return b.String()
@@ -936,7 +945,7 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 	args = append(args, version)
 	args = append(args, oldKey...)
 	var row map[string]any
-	if collect {
+	if returning {
 		if row, err = t.scan(st.QueryRowContext(ctx, args...)); err != nil {
 			return fmt.Errorf("update %s: %w", t.name, err)
 		}
@@ -950,7 +959,10 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 			return fmt.Errorf("update %s: %w", t.name, err)
 		}
 		if n > 0 {
-			return nil
+			if !collect {
+				return nil
+			}
+			row = known
 		}
 	}
 	if row == nil {

@@ -155,8 +155,9 @@ func (l *changeLog) RowChanged(c replica.RowChange) { l.rows = append(l.rows, c)
 func (l *changeLog) TableChanged(string)            {}
 
 // applyImages applies changes, one transaction each, to a new replica
-// holding thing, and returns what a collector was told and how many rows
-// the applier read for old images.
+// holding thing, checks each new row reported against a read of the
+// replica, and returns what a collector was told and how many rows the
+// applier read for old images.
 func applyImages(t *testing.T, changes []streams.Change) ([]replica.RowChange, int) {
 	t.Helper()
 	ctx := context.Background()
@@ -181,6 +182,7 @@ func applyImages(t *testing.T, changes []streams.Change) ([]replica.RowChange, i
 	log := &changeLog{}
 	a.Collector = log
 	for i, c := range changes {
+		from := len(log.rows)
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -191,6 +193,15 @@ func applyImages(t *testing.T, changes []streams.Change) ([]replica.RowChange, i
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
+		}
+		// A new row reported is the row as the replica holds it.
+		for _, rc := range log.rows[from:] {
+			if rc.New == nil {
+				continue
+			}
+			if diff := cmp.Diff(readThing(t, db, rc.Key["id"].(string)), rc.New); diff != "" {
+				t.Fatalf("change %d (%s): new row reported differs from the replica's (-read +reported):\n%s", i, c.Op, diff)
+			}
 		}
 	}
 	return log.rows, a.OldRowReads

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jetsync/jetsync/streams"
 )
@@ -45,6 +46,45 @@ type apiServer struct {
 	omitUserID bool
 	// rejected answers every request with a token in it with its status.
 	rejected map[string]int
+	// hung holds the requests bearing a token in it until the caller
+	// gives up or the test ends; hanging counts those held now, and
+	// hungFor records how long each one was held.
+	hung     map[string]bool
+	hanging  int
+	hungFor  []time.Duration
+	released chan struct{}
+}
+
+// hang holds every request bearing token (hangRequest).
+func (a *apiServer) hang(token string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hung == nil {
+		a.hung = map[string]bool{}
+	}
+	a.hung[token] = true
+}
+
+// hangRequest holds r, if its token is hung, until its caller gives up or
+// the test ends; it reports whether it did.
+func (a *apiServer) hangRequest(r *http.Request) bool {
+	a.mu.Lock()
+	if !a.hung[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")] {
+		a.mu.Unlock()
+		return false
+	}
+	a.hanging++
+	a.mu.Unlock()
+	start := time.Now()
+	select {
+	case <-r.Context().Done():
+	case <-a.released:
+	}
+	a.mu.Lock()
+	a.hanging--
+	a.hungFor = append(a.hungFor, time.Since(start))
+	a.mu.Unlock()
+	return true
 }
 
 // reject answers every request bearing token with status (0: no more).
@@ -81,8 +121,11 @@ func newAPIServer(t testing.TB, e *env) *apiServer {
 	for _, q := range qs {
 		a.asts[q.ID] = q.AST
 	}
+	a.released = make(chan struct{})
 	a.http = httptest.NewServer(http.HandlerFunc(a.serve))
 	t.Cleanup(a.http.Close)
+	// Before Close, which waits for the requests being held.
+	t.Cleanup(func() { close(a.released) })
 	return a
 }
 
@@ -139,6 +182,9 @@ func (a *apiServer) serve(w http.ResponseWriter, r *http.Request) {
 	var body json.RawMessage
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if a.hangRequest(r) {
 		return
 	}
 	a.mu.Lock()

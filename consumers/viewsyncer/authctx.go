@@ -3,6 +3,7 @@ package viewsyncer
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jetsync/jetsync/consumers/appapi"
 	"github.com/jetsync/jetsync/consumers/auth"
@@ -190,18 +191,53 @@ func (g *group) connOf(ac authConn) *conn {
 	return c
 }
 
-// effects are the manager's Effects; the group's lock is held while
-// Maintain or RetransformConn run them.
+// effects are the manager's Effects. With held set, the group's lock is
+// held while the manager runs them (RetransformConn, from a connection's
+// handler). Without it (Maintain, from the maintenance round), each takes
+// the lock for its own steps and calls the API server without it; a
+// result is applied only if the connection and its auth revision are
+// still current.
 type effects struct {
-	g   *group
-	err error // a sync error that is not the API server's: fatal
+	g    *group
+	held bool
+	err  error // a sync error that is not the API server's: fatal
+}
+
+// lock takes the group's lock unless the caller holds it.
+func (e *effects) lock() func() {
+	if e.held {
+		return func() {}
+	}
+	return e.g.lock()
+}
+
+// errGone defers maintenance for a connection or group that went away
+// while its API call ran.
+var errGone = auth.TransientError(errors.New("connection gone"))
+
+// currentConn is ac's connection if it is still live at ac's revision in a
+// group that is still served; g's lock is held.
+func (g *group) currentConn(ac authConn) *conn {
+	if g.unloaded || g.broken {
+		return nil
+	}
+	c := g.connOf(ac)
+	if c == nil {
+		return nil
+	}
+	if cur, ok := g.cc.Conn(ac.Selector); !ok || cur.Revision != ac.Revision {
+		return nil
+	}
+	return c
 }
 
 func (e *effects) Revalidate(ctx context.Context, ac authConn) (auth.Validation, error) {
 	g := e.g
-	c := g.connOf(ac)
+	unlock := e.lock()
+	c := g.currentConn(ac)
+	unlock()
 	if c == nil {
-		return auth.Validation{}, auth.TransientError(errors.New("connection gone"))
+		return auth.Validation{}, errGone
 	}
 	if g.s.api == nil {
 		return auth.Validation{}, nil
@@ -215,16 +251,43 @@ func (e *effects) Revalidate(ctx context.Context, ac authConn) (auth.Validation,
 
 func (e *effects) Retransform(ctx context.Context, ac authConn) (*auth.Validation, error) {
 	g := e.g
-	c := g.connOf(ac)
+	unlock := e.lock()
+	defer func() { unlock() }()
+	c := g.currentConn(ac)
 	if c == nil {
-		return nil, auth.TransientError(errors.New("connection gone"))
+		return nil, errGone
+	}
+	v := &via{c: c, ac: ac, all: true}
+	var res *appapi.TransformResult
+	if !e.held {
+		req, ok := g.transformRequest(v, g.ttlClock(time.Now()))
+		if ok {
+			unlock()
+			r, err := g.callTransform(ctx, req)
+			unlock = g.lock()
+			if err != nil {
+				return nil, classify(err)
+			}
+			if g.currentConn(ac) != c {
+				return nil, errGone
+			}
+			res = &r
+		}
 	}
 	snap, err := g.s.openSnapshot(ctx)
 	if err != nil || snap == nil {
 		return nil, err
 	}
 	defer snap.close()
-	v, err := g.syncVia(ctx, snap, &via{c: c, ac: ac, all: true})
+	var val *auth.Validation
+	if e.held {
+		val, err = g.syncVia(ctx, snap, v)
+	} else {
+		val, err = g.syncTransformed(ctx, snap, res)
+	}
+	if !e.held {
+		g.dropIfBroken()
+	}
 	if err != nil {
 		if c := classify(err); c != err {
 			return nil, c
@@ -236,10 +299,12 @@ func (e *effects) Retransform(ctx context.Context, ac authConn) (*auth.Validatio
 		e.err = err
 		return nil, err
 	}
-	return v, nil
+	return val, nil
 }
 
 func (e *effects) FailConnection(ac authConn, err error) {
+	unlock := e.lock()
+	defer unlock()
 	if c := e.g.connOf(ac); c != nil {
 		c.ready = false
 		c.failErr(err)
@@ -247,20 +312,29 @@ func (e *effects) FailConnection(ac authConn, err error) {
 }
 
 // maintain runs the group's due auth maintenance (Run's evict loop calls it
-// after the manager's timer fired). An error other than the API server's
-// is fatal for the group: its clients are sent away.
+// after the manager's timer fired). The API server is called without the
+// group's lock. An error other than the API server's is fatal for the
+// group: its clients are sent away.
 func (g *group) maintain(ctx context.Context) {
 	unlock := g.lock()
-	defer unlock()
-	if g.unloaded || g.broken {
+	gone := g.unloaded || g.broken
+	unlock()
+	if gone {
 		return
 	}
 	eff := &effects{g: g}
-	if err := g.cc.Maintain(ctx, eff); err != nil {
-		g.log.Error("auth maintenance", "err", err)
-		g.cc.Stop()
-		g.broken = true
+	err := g.cc.Maintain(ctx, eff)
+	if err == nil {
+		return
 	}
+	unlock = g.lock()
+	defer unlock()
+	if g.unloaded {
+		return
+	}
+	g.log.Error("auth maintenance", "err", err)
+	g.cc.Stop()
+	g.broken = true
 	g.dropIfBroken()
 }
 

@@ -69,9 +69,26 @@ func (g *group) checkTransformed(snap *snapshot) error {
 // with v's credentials, as zero-cache's #syncQueryPipelineSet does: an AST
 // replaces the query's, a per-query error removes the query's pipeline
 // (on the next sync) and goes to the clients that want it as transformError.
+// It calls the API server under g's lock; the maintenance round does the
+// same in steps (effects.Retransform).
 func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Validation, error) {
-	if v == nil {
+	req, ok := g.transformRequest(v, clock)
+	if !ok {
 		return nil, nil
+	}
+	res, err := g.callTransform(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return g.applyTransform(res), nil
+}
+
+// transformRequest is the request that transforms the group's synced
+// queries with v's credentials; false when there is nothing to ask. g's
+// lock is held.
+func (g *group) transformRequest(v *via, clock float64) (appapi.TransformRequest, bool) {
+	if v == nil {
+		return appapi.TransformRequest{}, false
 	}
 	var qs []appapi.Query
 	for _, h := range sortedKeys(g.cvr.Queries) {
@@ -85,23 +102,36 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Val
 		qs = append(qs, appapi.Query{ID: h, Name: q.Name, Args: q.Args})
 	}
 	if len(qs) == 0 {
-		return nil, nil
+		return appapi.TransformRequest{}, false
 	}
 	if !g.s.api.QueryConfigured() {
 		g.log.Warn("Custom/named queries were requested but no `ZERO_QUERY_URL` is configured for Zero Cache.")
-		return nil, nil
+		return appapi.TransformRequest{}, false
 	}
+	return appapi.TransformRequest{
+		Conn: v.c.apiConn(v.ac), URL: v.ac.Query.url, Headers: v.ac.Query.headers, Queries: qs,
+	}, true
+}
+
+// callTransform sends req to the query endpoint; it reads nothing of g.
+func (g *group) callTransform(ctx context.Context, req appapi.TransformRequest) (appapi.TransformResult, error) {
 	m := g.s.metrics
 	start := time.Now()
-	res, err := g.s.api.Transform(ctx, appapi.TransformRequest{
-		Conn: v.c.apiConn(v.ac), URL: v.ac.Query.url, Headers: v.ac.Query.headers, Queries: qs,
-	})
+	res, err := g.s.api.Transform(ctx, req)
 	m.transformTime.Observe(time.Since(start).Seconds())
 	if err != nil {
 		m.transformations.WithLabelValues("error").Inc()
-		return nil, err
+		return res, err
 	}
 	m.transformations.WithLabelValues("success").Inc()
+	return res, nil
+}
+
+// applyTransform records a transform's ASTs and per-query errors in the
+// CVR, skipping the queries that left it meanwhile, and returns the
+// validation an uncached response gave. g's lock is held.
+func (g *group) applyTransform(res appapi.TransformResult) *auth.Validation {
+	m := g.s.metrics
 	byClient := map[string][]*appapi.QueryError{}
 	for _, r := range res.Queries {
 		q := g.cvr.Queries[r.ID]
@@ -136,10 +166,24 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Val
 		}
 	}
 	if res.Cached {
-		return nil, nil
+		return nil
 	}
 	val := validation(res.Validation)
-	return &val, nil
+	return &val
+}
+
+// syncTransformed is syncVia with the transform already made, without
+// g's lock: res, if not nil, is applied, then the group syncs at snap.
+// g's lock is held.
+func (g *group) syncTransformed(ctx context.Context, snap *snapshot, res *appapi.TransformResult) (*auth.Validation, error) {
+	var val *auth.Validation
+	if res != nil {
+		val = g.applyTransform(*res)
+	}
+	if err := g.checkTransformed(snap); err != nil {
+		return nil, err
+	}
+	return val, g.syncAt(ctx, snap)
 }
 
 // validateVia records the validation a transform through v gave. A

@@ -63,6 +63,9 @@ type group struct {
 	// schedule; its timer signals maint.
 	cc    *authManager
 	maint chan struct{}
+	// maintaining is set while a maintenance round runs for the group
+	// (Server.evictLoop), which starts no other one meanwhile.
+	maintaining atomic.Bool
 	// pusher forwards custom mutations, one request at a time; nil until
 	// the first push. stopPush ends it.
 	pusher   *appapi.Pusher

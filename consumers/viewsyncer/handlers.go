@@ -123,7 +123,7 @@ func (g *group) updateAuth(ctx context.Context, c *conn, token string, claims ma
 		defer snap.close()
 		return g.syncAt(ctx, snap)
 	}
-	eff := &effects{g: g}
+	eff := &effects{g: g, held: true}
 	g.cc.RetransformConn(ctx, eff, ac)
 	g.dropIfBroken()
 	return eff.err

@@ -227,12 +227,15 @@ func (s *Server) removeGroup(g *group) {
 // leaseLost stops serving a group whose ownership moved: its clients are
 // sent to reconnect at once, as zero-cache's OwnershipError does.
 func (s *Server) leaseLost(g *group) {
+	// The new owner is read before the lock: nothing waits on NATS
+	// under it.
+	owner := s.ownerOf(g.id)
 	g.mu.Lock()
 	if !g.unloaded {
 		g.unloaded = true
 		g.stopLocked()
 		g.log.Info("cvr lease lost; closing the group's connections", "err", g.cvr.LeaseErr())
-		perr := ownershipError(s.ownerOf(g.id), time.Now())
+		perr := ownershipError(owner, time.Now())
 		for _, c := range g.conns {
 			c.ready = false
 			c.fail(perr)

@@ -527,11 +527,16 @@ const maxAdvanceWorkers = DefaultReadConns / 2
 const maxAdvancing = 512
 
 // evictLoop evicts expired queries, stops serving groups whose lease was
-// lost and unloads idle groups, until ctx ends.
+// lost and unloads idle groups, until ctx ends. Each group's round runs on
+// a goroutine of its own, and a group whose last round has not ended is
+// skipped: a group waiting on the API server or on its lock delays no
+// other group's maintenance.
 func (s *Server) evictLoop(ctx context.Context) {
 	t := time.NewTicker(evictInterval)
 	defer t.Stop()
 	var observed time.Time
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -539,7 +544,13 @@ func (s *Server) evictLoop(ctx context.Context) {
 		case now := <-t.C:
 			groups := s.groupList()
 			for _, g := range groups {
-				s.maintainGroup(ctx, g, now)
+				if !g.maintaining.CompareAndSwap(false, true) {
+					continue
+				}
+				wg.Go(func() {
+					defer g.maintaining.Store(false)
+					s.maintainGroup(ctx, g, now)
+				})
 			}
 			if now.Sub(observed) >= time.Second {
 				observed = now

@@ -187,7 +187,12 @@ func (g *group) inspect(ctx context.Context, c *conn, b *inspectBody) {
 
 func (g *group) inspectOp(ctx context.Context, c *conn, b *inspectBody, down *inspectDown) (any, error) {
 	unlock := g.lock()
-	defer unlock()
+	held := true
+	defer func() {
+		if held {
+			unlock()
+		}
+	}()
 	if b.Op == inspectAuthenticate {
 		var password string
 		if len(b.Value) > 0 {
@@ -222,7 +227,12 @@ func (g *group) inspectOp(ctx context.Context, c *conn, b *inspectBody, down *in
 			"query-update-server":          st.update.json(),
 		}, nil
 	case inspectAnalyze:
-		return g.analyzeQuery(ctx, c, b)
+		// It may call the API server, and it hydrates on a snapshot of
+		// its own: the group's other work does not wait for it.
+		authData := g.authData
+		held = false
+		unlock()
+		return g.analyzeQuery(ctx, c, b, authData)
 	}
 	return nil, fmt.Errorf("unknown inspect op %q", b.Op)
 }
@@ -336,8 +346,9 @@ type analyzeResult struct {
 // analyzeQuery runs an AST (the client's, or a named query's as the API
 // server transforms it) once on a fresh snapshot, and reports what it
 // synced, what it read and SQLite's plan of each read. A legacy AST runs
-// with the read rules, as its pipeline would.
-func (g *group) analyzeQuery(ctx context.Context, c *conn, b *inspectBody) (any, error) {
+// with the read rules bound to authData, as its pipeline would. It runs
+// without g's lock.
+func (g *group) analyzeQuery(ctx context.Context, c *conn, b *inspectBody, authData map[string]any) (any, error) {
 	ast := b.AST
 	if ast == nil && len(b.Value) > 0 && string(b.Value) != "null" {
 		ast = &zql.AST{}
@@ -371,7 +382,7 @@ func (g *group) analyzeQuery(ctx context.Context, c *conn, b *inspectBody) (any,
 			res.Warnings = append(res.Warnings, "No permissions loaded; the query ran without read rules.")
 			perms = permissions.None
 		}
-		ast = perms.Transform(ast, g.authData)
+		ast = perms.Transform(ast, authData)
 		if j, err := json.Marshal(ast); err == nil {
 			res.AfterPermissions = string(j)
 		}

@@ -50,3 +50,28 @@ func TestServer_SlowAPIServerIsolated(t *testing.T) {
 		t.Errorf("slowx's call is no longer held: the test did not test a hung call")
 	}
 }
+
+// TestInspect_AnalyzeWithoutTheLock sends analyze-query for a named query
+// while the API server holds its transform: the group's pokes go on.
+func TestInspect_AnalyzeWithoutTheLock(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 10, api: true, adminPassword: "s3cret"})
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	c := connect(t, e, dialOpts{group: "an", client: "c1", user: "ua", token: "user:ua", init: initFrame(testSchema, put("good", good, 0))})
+	c.hydrated()
+	if d := c.inspect(`{"op":"authenticate","id":"1","value":"s3cret"}`); d.Op != "authenticated" || !valueOf[bool](t, d) {
+		t.Fatalf("authenticate = %+v", d)
+	}
+	e.api.hang("user:ua")
+	c.send(`["inspect",{"op":"analyze-query","id":"2","name":"issuesByIDs","args":[{"ids":["i0000004"]}]}]`)
+	polltest.Until(t, 10*time.Second, "the transform to hang", func() bool {
+		e.api.mu.Lock()
+		defer e.api.mu.Unlock()
+		return e.api.hanging > 0
+	})
+	start := time.Now()
+	e.execSQL("UPDATE issue SET title = 'while analyzing' WHERE id = 'i0000001'")
+	waitPatch(c, `"title":"while analyzing"`)
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the poke came %v after the update; want within 3s", d)
+	}
+}

@@ -146,7 +146,7 @@ func fetchSyncPolicy(ctx context.Context, monitorURL string) (syncPolicy, error)
 	if err != nil {
 		return syncPolicy{}, fmt.Errorf("varz: %w", err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
 	if err != nil {
 		return syncPolicy{}, fmt.Errorf("varz: %w", err)
 	}

@@ -37,6 +37,7 @@ const (
 	DefaultAppID            = "zero"
 	DefaultMaxAttempts      = 4
 	DefaultAttemptTimeout   = 30 * time.Second
+	DefaultRequestTimeout   = time.Minute
 	DefaultMaxResponseBytes = 32 << 20
 	DefaultCacheTTL         = 5 * time.Second
 	// bodyPreviewChars is how much of a non-2xx body the error carries.
@@ -78,14 +79,17 @@ type Config struct {
 	// AttemptTimeout bounds one attempt, body included. zero-cache has no
 	// timeout of its own (Node's fetch gives up on headers after 300 s).
 	AttemptTimeout time.Duration
+	// RequestTimeout bounds a whole request: its attempts and the pauses
+	// between them. A caller's own deadline may end it sooner.
+	RequestTimeout time.Duration
 	// MaxResponseBytes bounds a 2xx response body; a larger one is a parse
 	// failure.
 	MaxResponseBytes int64
 	// CacheTTL is how long a transformed query is reused for the same
 	// request identity. Negative disables the cache.
 	CacheTTL time.Duration
-	// HTTPClient sends the requests; nil means a client of its own. Its
-	// Timeout should be zero: AttemptTimeout bounds each attempt.
+	// HTTPClient sends the requests; nil means a client of its own, whose
+	// Timeout is AttemptTimeout. AttemptTimeout bounds each attempt.
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 }
@@ -100,8 +104,8 @@ func (c Config) Validate() error {
 	if c.ShardNum < 0 {
 		return fmt.Errorf("shard number %d is negative", c.ShardNum)
 	}
-	if c.MaxAttempts < 0 || c.AttemptTimeout < 0 || c.MaxResponseBytes < 0 {
-		return errors.New("max attempts, attempt timeout and max response bytes must not be negative")
+	if c.MaxAttempts < 0 || c.AttemptTimeout < 0 || c.RequestTimeout < 0 || c.MaxResponseBytes < 0 {
+		return errors.New("max attempts, attempt and request timeouts and max response bytes must not be negative")
 	}
 	for _, e := range []struct {
 		name string
@@ -123,9 +127,12 @@ func (c Config) withDefaults() Config {
 	c.AppID = cmp.Or(c.AppID, DefaultAppID)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.AttemptTimeout = cmp.Or(c.AttemptTimeout, DefaultAttemptTimeout)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, DefaultMaxResponseBytes)
 	c.CacheTTL = cmp.Or(c.CacheTTL, DefaultCacheTTL)
-	c.HTTPClient = cmp.Or(c.HTTPClient, &http.Client{})
+	// The attempt's context bounds the exchange; the client's Timeout is
+	// there for what escapes it.
+	c.HTTPClient = cmp.Or(c.HTTPClient, &http.Client{Timeout: c.AttemptTimeout})
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
@@ -396,6 +403,8 @@ func (c *Client) post(ctx context.Context, r request) ([]byte, error) {
 	}
 	header := e.header(r.traceparent)
 	log := c.cfg.Logger.With("url", final, "source", kind)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
 	for attempt := 1; ; attempt++ {
 		body, retry, err := c.attempt(ctx, final, header, payload, kind)
 		if err == nil {

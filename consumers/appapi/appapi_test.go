@@ -577,3 +577,32 @@ func TestClient_Validate(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestClient_RequestTimeout holds every request: a call ends at its
+// RequestTimeout, retries included, with a transient failure.
+func TestClient_RequestTimeout(t *testing.T) {
+	s := newAPIServer(t, func(w http.ResponseWriter, r *http.Request, _ int) { <-r.Context().Done() })
+	c := newTestClient(t, Config{Query: Endpoint{URLs: []string{s.URL + "/query"}}, AttemptTimeout: time.Hour, RequestTimeout: 200 * time.Millisecond})
+	for _, call := range []struct {
+		name string
+		do   func(ctx context.Context) error
+	}{
+		{"Transform", func(ctx context.Context) error {
+			_, err := c.Transform(ctx, TransformRequest{Queries: oneQuery})
+			return err
+		}},
+		{"Validate", func(ctx context.Context) error {
+			_, err := c.Validate(ctx, Conn{}, "", nil)
+			return err
+		}},
+	} {
+		start := time.Now()
+		err := call.do(t.Context())
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s took %v; want it to end near its 200ms timeout", call.name, d)
+		}
+		if !IsTransient(err) {
+			t.Errorf("%s = %v; want a transient failure", call.name, err)
+		}
+	}
+}

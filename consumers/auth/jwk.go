@@ -272,6 +272,8 @@ func newJWKSCache(u string, log *slog.Logger) *jwksCache {
 		log: log,
 		now: time.Now,
 		client: &http.Client{
+			// fetch's context bounds it too; this covers what escapes it.
+			Timeout: jwksTimeout,
 			// As Node's http.get, which jose uses: a redirect is an
 			// answer other than 200.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

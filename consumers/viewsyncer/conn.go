@@ -270,6 +270,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer c.containWriter()
 		c.writeLoop()
 	}()
 	defer func() {
@@ -458,6 +459,7 @@ func (c *conn) writeLoop() {
 		c.queue, c.qbytes = nil, 0
 		slow := c.slow.Load()
 		c.qmu.Unlock()
+		testPanicHook("writer", c.g.id)
 		if slow {
 			for _, f := range frames {
 				c.account(-len(f))
@@ -507,6 +509,32 @@ func (c *conn) writeLoop() {
 			return
 		}
 	}
+}
+
+// containWriter, deferred by the connection's writer, keeps a panic there
+// to the connection's group: the stack is logged, this socket, which has
+// no writer any more, is sent the Internal error and closed here, and the
+// group is failed as a panic of its other work fails it.
+func (c *conn) containWriter() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	perr := internalPanicError("writer")
+	c.qmu.Lock()
+	c.closing = true
+	c.dropQueueLocked()
+	// The frames the writer had taken off the queue go back too.
+	c.account(-int(c.held.Load()))
+	c.qmu.Unlock()
+	if b, err := encodeFrame("error", perr); err == nil {
+		_ = c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
+		_ = c.ws.WriteMessage(websocket.TextMessage, b)
+	}
+	_ = c.ws.WriteControl(websocket.CloseMessage,
+		websocket.FormatCloseMessage(perr.closeCode, truncate(perr.Message, maxCloseReason)), time.Now().Add(writeTimeout))
+	_ = c.ws.SetReadDeadline(time.Now().Add(closeGrace))
+	c.g.failPanic("writer", r)
 }
 
 // closeNow closes a socket that never got going.

@@ -299,10 +299,14 @@ func (g *group) drop(err *protocolError) {
 // other groups. The panicking code must have released g's lock (each
 // lock() is paired with a deferred unlock).
 func (g *group) contain(where string) {
-	r := recover()
-	if r == nil {
-		return
+	if r := recover(); r != nil {
+		g.failPanic(where, r)
 	}
+}
+
+// failPanic is contain's work once r was recovered, in the deferred call,
+// so that the stack logged is the panic's.
+func (g *group) failPanic(where string, r any) {
 	g.log.Error("panic", "in", where, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 	unlock := g.lock()
 	defer unlock()
@@ -310,12 +314,27 @@ func (g *group) contain(where string) {
 		return
 	}
 	g.broken = true
-	g.drop(newProtocolError(kindInternal, "Internal error in the view-syncer (%s); the client group was reset", where))
+	g.drop(internalPanicError(where))
+}
+
+func internalPanicError(where string) *protocolError {
+	return newProtocolError(kindInternal, "Internal error in the view-syncer (%s); the client group was reset", where)
 }
 
 // advanceHook, when a test sets it, runs in each group's advance, under
 // its lock: a way to make one group panic.
 var advanceHook atomic.Pointer[func(id string)]
+
+// panicHook, when a test sets it, runs where a goroutine outside the HTTP
+// handler works for a group (the connection's writer, the pusher, a
+// relay), with that place's name: a way to make it panic there.
+var panicHook atomic.Pointer[func(where, group string)]
+
+func testPanicHook(where, group string) {
+	if hook := panicHook.Load(); hook != nil {
+		(*hook)(where, group)
+	}
+}
 
 // dropGroup forgets g in memory and in the store. The store's I/O runs
 // outside s.mu, which every new connection takes; a connection of the same

@@ -1,6 +1,9 @@
 package viewsyncer
 
 import (
+	"encoding/json"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,4 +77,89 @@ func TestInspect_AnalyzeWithoutTheLock(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("the poke came %v after the update; want within 3s", d)
 	}
+}
+
+// panicOnce makes the first pass of where for group panic.
+func panicOnce(t *testing.T, where, group string) {
+	var fired atomic.Bool
+	hook := func(w, g string) {
+		if w == where && g == group && fired.CompareAndSwap(false, true) {
+			panic("injected for the test")
+		}
+	}
+	panicHook.Store(&hook)
+	t.Cleanup(func() { panicHook.Store(nil) })
+}
+
+// expectErrorAfterPokes is expectError after any pokes.
+func (c *tc) expectErrorAfterPokes(kind, msgPrefix string, code int) {
+	c.t.Helper()
+	for {
+		tag, body := c.next()
+		switch tag {
+		case "pokeStart", "pokePart", "pokeEnd":
+			continue
+		}
+		var pe protocolError
+		_ = json.Unmarshal(body, &pe)
+		if tag != "error" || pe.Kind != kind || !strings.HasPrefix(pe.Message, msgPrefix) {
+			c.t.Fatalf("got %s %s; want error %s %q…", tag, body, kind, msgPrefix)
+		}
+		c.expectClose(code)
+		return
+	}
+}
+
+// TestServer_WriterPanicContained makes a connection's writer panic: every
+// socket of its group gets an Internal error, another group keeps its
+// pokes, and the victim's client starts its group over when it returns.
+func TestServer_WriterPanicContained(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 20})
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	v1 := connect(t, e, dialOpts{group: "victim", client: "c1", init: initFrame(testSchema, put("good", good, 0))})
+	v1.hydrated()
+	v2 := connect(t, e, dialOpts{group: "victim", client: "c2", init: initFrame("", put("good", good, 0))})
+	v2.expect("connected")
+	v2.poke()
+	v1.poke()
+	other := connect(t, e, dialOpts{group: "bystander", client: "b1", init: initFrame(testSchema, put("good", good, 0))})
+	other.hydrated()
+
+	panicOnce(t, "writer", "victim")
+	e.execSQL("UPDATE issue SET title = 'after the panic' WHERE id = 'i0000001'")
+	v1.expectErrorAfterPokes(kindInternal, "Internal error in the view-syncer (writer)", closeNormal)
+	v2.expectErrorAfterPokes(kindInternal, "Internal error in the view-syncer (writer)", closeNormal)
+	waitPatch(other, `"title":"after the panic"`)
+	e.execSQL("UPDATE issue SET title = 'and after' WHERE id = 'i0000002'")
+	waitPatch(other, `"title":"and after"`)
+
+	c := connect(t, e, dialOpts{group: "victim", client: "c1", init: initFrame(testSchema, put("good", good, 0))})
+	if p := c.hydrated(); !has(p, "got "+`{"hash":"good","op":"put"}`) {
+		t.Errorf("the victim's group starting over got %v; want its query", p.patches)
+	}
+	e.execSQL("UPDATE issue SET title = 'back' WHERE id = 'i0000001'")
+	waitPatch(c, `"title":"back"`)
+}
+
+// TestServer_PusherPanicContained makes a group's pusher panic on a push's
+// outcome: the group's socket gets an Internal error, another group's
+// pushes go on, and the victim's client starts over when it returns.
+func TestServer_PusherPanicContained(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 10, api: true})
+	connectGroup := func(group string) *tc {
+		c := connect(t, e, dialOpts{group: group, client: "c1", user: "u1", token: "user:u1", init: initFrame(testSchema, issue4Put)})
+		c.hydrated()
+		return c
+	}
+	victim, other := connectGroup("victim"), connectGroup("bystander")
+
+	panicOnce(t, "pusher", "victim")
+	victim.send(customPush("victim", "c1", 1, "issue.setTitle", `{"id":"i0000004","title":"pushed","modified":4.5}`))
+	victim.expectErrorAfterPokes(kindInternal, "Internal error in the view-syncer (pusher)", closeNormal)
+	other.send(customPush("bystander", "c1", 1, "issue.setTitle", `{"id":"i0000004","title":"pushed too","modified":5.5}`))
+	waitPatch(other, `lmid c1 1`)
+
+	c := connectGroup("victim")
+	c.send(customPush("victim", "c1", 2, "issue.setTitle", `{"id":"i0000004","title":"pushed again","modified":6.5}`))
+	waitPatch(c, `lmid c1 2`)
 }

@@ -164,6 +164,7 @@ func (g *group) pusherLocked() *appapi.Pusher {
 	p := g.s.api.NewPusher(0, g.pushed)
 	g.pusher, g.stopPush = p, cancel
 	g.s.bg.Go(func() {
+		defer g.contain("pusher")
 		if err := p.Run(ctx); err != nil {
 			g.log.Error("pusher", "err", err)
 		}
@@ -186,6 +187,7 @@ func (g *group) stopPusherLocked() {
 func (g *group) pushed(_ context.Context, o appapi.PushOutcome) {
 	unlock := g.lock()
 	defer unlock()
+	testPanicHook("pusher", g.id)
 	key := o.Entry.Key
 	if key.ClientID == cleanupKey {
 		if o.Err != nil {

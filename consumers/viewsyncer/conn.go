@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -651,9 +652,26 @@ func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Reques
 	s.metrics.connections.Inc()
 	defer s.metrics.connections.Dec()
 	errc := make(chan error, 2)
+	group := r.URL.Query().Get("clientGroupID")
+	// A panic in a relay ends this connection alone: both relays stop,
+	// and the client is told Internal once they have.
+	var panicked atomic.Bool
 	relay := func(dst, src *websocket.Conn) {
+		defer func() {
+			if rec := recover(); rec != nil {
+				s.log.Error("panic", "in", "relay", logkey.ClientGroup, group, "panic", fmt.Sprint(rec), "stack", string(debug.Stack()))
+				panicked.Store(true)
+				_ = up.Close()
+				_ = ws.SetReadDeadline(time.Now())
+				errc <- fmt.Errorf("relay panicked: %v", rec)
+			}
+		}()
 		for {
 			mt, data, err := src.ReadMessage()
+			if err != nil && panicked.Load() {
+				errc <- err
+				return
+			}
 			if err != nil {
 				code, reason := websocket.CloseNormalClosure, ""
 				var ce *websocket.CloseError
@@ -664,6 +682,7 @@ func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Reques
 				errc <- err
 				return
 			}
+			testPanicHook("relay", group)
 			_ = dst.SetWriteDeadline(time.Now().Add(writeTimeout))
 			if err := dst.WriteMessage(mt, data); err != nil {
 				errc <- err
@@ -674,10 +693,16 @@ func (s *Server) forward(ctx context.Context, ws *websocket.Conn, r *http.Reques
 	go relay(up, ws)
 	go relay(ws, up)
 	<-errc
-	// Let the close frame reach the other side, then end both relays.
-	_ = up.SetReadDeadline(time.Now().Add(closeGrace))
-	_ = ws.SetReadDeadline(time.Now().Add(closeGrace))
+	// Let the close frame reach the other side, then end both relays
+	// (at once after a panic, which sent none).
+	if !panicked.Load() {
+		_ = up.SetReadDeadline(time.Now().Add(closeGrace))
+		_ = ws.SetReadDeadline(time.Now().Add(closeGrace))
+	}
 	<-errc
+	if panicked.Load() {
+		closeWithError(ws, internalPanicError("relay"))
+	}
 	return true
 }
 

@@ -163,3 +163,25 @@ func TestServer_PusherPanicContained(t *testing.T) {
 	c.send(customPush("victim", "c1", 2, "issue.setTitle", `{"id":"i0000004","title":"pushed again","modified":6.5}`))
 	waitPatch(c, `lmid c1 2`)
 }
+
+// TestRelay_PanicContained makes a relay to the group's owner panic: the
+// relayed client gets an Internal error, and both view-syncers go on
+// serving, relays included.
+func TestRelay_PanicContained(t *testing.T) {
+	o := envOptions{issues: 5, durable: true}
+	e := newEnv(t, o)
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	owner := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("good", good, 0))})
+	owner.hydrated()
+	e.use(e.startSyncer("vs-b", o))
+
+	panicOnce(t, "relay", "g")
+	relayed := connect(t, e, dialOpts{group: "g", client: "c2", init: initFrame("", put("good", good, 0))})
+	relayed.expectErrorAfterPokes(kindInternal, "Internal error in the view-syncer (relay)", closeNormal)
+
+	again := connect(t, e, dialOpts{group: "g", client: "c3", init: initFrame("", put("good", good, 0))})
+	again.expect("connected")
+	e.execSQL("UPDATE issue SET title = 'relayed' WHERE id = 'i0000001'")
+	waitPatch(again, `"title":"relayed"`)
+	waitPatch(owner, `"title":"relayed"`)
+}

@@ -65,6 +65,13 @@ func (a *apiServer) hang(token string) {
 	a.hung[token] = true
 }
 
+// unhang stops holding requests bearing token.
+func (a *apiServer) unhang(token string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.hung, token)
+}
+
 // hangRequest holds r, if its token is hung, until its caller gives up or
 // the test ends; it reports whether it did.
 func (a *apiServer) hangRequest(r *http.Request) bool {

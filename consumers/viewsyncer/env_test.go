@@ -82,6 +82,8 @@ type envOptions struct {
 	// maintenance intervals.
 	api                     bool
 	revalidate, retransform time.Duration
+	// apiTimeout, if set, bounds each call to the API server.
+	apiTimeout time.Duration
 	// adminPassword and devMode open the inspector.
 	adminPassword string
 	devMode       bool
@@ -178,6 +180,7 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	if e.api != nil {
 		cfg.API.Query.URLs = []string{e.api.http.URL + "/query"}
 		cfg.API.Mutate.URLs = []string{e.api.http.URL + "/mutate"}
+		cfg.API.RequestTimeout = o.apiTimeout
 	}
 	if o.durable {
 		store, err := cvrstore.Open(context.Background(), cvrstore.Config{

@@ -185,3 +185,34 @@ func TestRelay_PanicContained(t *testing.T) {
 	waitPatch(again, `"title":"relayed"`)
 	waitPatch(owner, `"title":"relayed"`)
 }
+
+// TestServer_HungAPICallEnds hangs a group's revalidation: the call ends at
+// the API timeout, the connection stays (a transient failure), and the
+// group's maintenance resumes once the API server answers again.
+func TestServer_HungAPICallEnds(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 10, api: true, revalidate: 200 * time.Millisecond, apiTimeout: 500 * time.Millisecond})
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	c := connect(t, e, dialOpts{group: "hung", client: "c1", user: "uh", token: "user:uh", init: initFrame(testSchema, put("good", good, 0))})
+	c.hydrated()
+	e.api.hang("user:uh")
+	var held time.Duration
+	polltest.Until(t, 10*time.Second, "a held call to end", func() bool {
+		e.api.mu.Lock()
+		defer e.api.mu.Unlock()
+		if len(e.api.hungFor) > 0 {
+			held = e.api.hungFor[0]
+			return true
+		}
+		return false
+	})
+	if held > 3*time.Second {
+		t.Errorf("the held call ended after %v; want near the 500ms timeout", held)
+	}
+	c.alive()
+	e.api.unhang("user:uh")
+	before := len(e.api.reqs("/query"))
+	polltest.Until(t, 10*time.Second, "a revalidation after the API server came back", func() bool {
+		return len(e.api.reqs("/query")) > before
+	})
+	c.alive()
+}

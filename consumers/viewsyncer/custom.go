@@ -18,6 +18,9 @@ type via struct {
 	c   *conn
 	ac  authConn
 	all bool
+	// pre, if not nil, is a transform made without the group's lock,
+	// which transform uses in place of calling the API server.
+	pre *prefetch
 }
 
 // viaConn is c's current record, for a config change c asked for.
@@ -76,11 +79,100 @@ func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Val
 	if !ok {
 		return nil, nil
 	}
-	res, err := g.callTransform(ctx, req)
+	res, ok, err := v.pre.answer(v.ac, req)
+	if !ok {
+		res, err = g.callTransform(ctx, req)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return g.applyTransform(res), nil
+}
+
+// prefetch is the transform a connection's config change needs, made
+// before the change takes the group's lock (prefetchTransform): the
+// locked work then uses its answer, and the API server is called under
+// the lock only for a query the prefetch did not cover, or when the
+// connection's credentials changed meanwhile.
+type prefetch struct {
+	sel      auth.Selector
+	revision int
+	ids      map[string]bool
+	res      appapi.TransformResult
+	err      error
+	used     bool
+}
+
+// answer is p's answer to req, made with ac's credentials; false when p
+// does not cover it. A second answer is marked cached, as the API client's
+// cache would answer a repeated request: it validates nothing.
+func (p *prefetch) answer(ac authConn, req appapi.TransformRequest) (appapi.TransformResult, bool, error) {
+	if p == nil || p.sel != ac.Selector || p.revision != ac.Revision {
+		return appapi.TransformResult{}, false, nil
+	}
+	want := map[string]bool{}
+	for _, q := range req.Queries {
+		if !p.ids[q.ID] {
+			return appapi.TransformResult{}, false, nil
+		}
+		want[q.ID] = true
+	}
+	if p.err != nil {
+		return appapi.TransformResult{}, true, p.err
+	}
+	res := appapi.TransformResult{Cached: p.used || p.res.Cached, Validation: p.res.Validation}
+	for _, r := range p.res.Queries {
+		if want[r.ID] {
+			res.Queries = append(res.Queries, r)
+		}
+	}
+	p.used = true
+	return res, true, nil
+}
+
+// prefetchTransform transforms, without g's lock, what a config change of
+// c adding ops would transform under it: the synced queries waiting for
+// their AST and the patch's new synced queries. nil when there is nothing
+// to transform or c is not ready.
+func (g *group) prefetchTransform(ctx context.Context, c *conn, ops []queryPatchOp) *prefetch {
+	if !g.s.api.QueryConfigured() {
+		return nil
+	}
+	unlock := g.lock()
+	if !g.current(c) || !c.ready || g.unloaded {
+		unlock()
+		return nil
+	}
+	v, err := g.viaConn(c, false)
+	if err != nil {
+		unlock()
+		return nil
+	}
+	qs := g.transformQueries(v, g.ttlClock(time.Now()))
+	ids := map[string]bool{}
+	for _, q := range qs {
+		ids[q.ID] = true
+	}
+	for _, op := range ops {
+		if op.Op != "put" || op.Name == nil || len(op.AST) != 0 || ids[op.Hash] {
+			continue
+		}
+		if q := g.cvr.Queries[op.Hash]; q != nil && q.AST != nil {
+			if _, ok := g.pipelines[op.Hash]; ok {
+				continue
+			}
+		}
+		ids[op.Hash] = true
+		qs = append(qs, appapi.Query{ID: op.Hash, Name: *op.Name, Args: op.Args})
+	}
+	unlock()
+	if len(qs) == 0 {
+		return nil
+	}
+	res, err := g.callTransform(ctx, appapi.TransformRequest{
+		Conn: c.apiConn(v.ac), URL: v.ac.Query.url, Headers: v.ac.Query.headers, Queries: qs,
+	})
+	return &prefetch{sel: v.ac.Selector, revision: v.ac.Revision, ids: ids, res: res, err: err}
 }
 
 // transformRequest is the request that transforms the group's synced
@@ -90,6 +182,23 @@ func (g *group) transformRequest(v *via, clock float64) (appapi.TransformRequest
 	if v == nil {
 		return appapi.TransformRequest{}, false
 	}
+	qs := g.transformQueries(v, clock)
+	if len(qs) == 0 {
+		return appapi.TransformRequest{}, false
+	}
+	if !g.s.api.QueryConfigured() {
+		g.log.Warn("Custom/named queries were requested but no `ZERO_QUERY_URL` is configured for Zero Cache.")
+		return appapi.TransformRequest{}, false
+	}
+	return appapi.TransformRequest{
+		Conn: v.c.apiConn(v.ac), URL: v.ac.Query.url, Headers: v.ac.Query.headers, Queries: qs,
+	}, true
+}
+
+// transformQueries are the synced queries a transform through v sends:
+// all the live ones, or (!v.all) those without a pipeline. g's lock is
+// held.
+func (g *group) transformQueries(v *via, clock float64) []appapi.Query {
 	var qs []appapi.Query
 	for _, h := range sortedKeys(g.cvr.Queries) {
 		q := g.cvr.Queries[h]
@@ -101,16 +210,7 @@ func (g *group) transformRequest(v *via, clock float64) (appapi.TransformRequest
 		}
 		qs = append(qs, appapi.Query{ID: h, Name: q.Name, Args: q.Args})
 	}
-	if len(qs) == 0 {
-		return appapi.TransformRequest{}, false
-	}
-	if !g.s.api.QueryConfigured() {
-		g.log.Warn("Custom/named queries were requested but no `ZERO_QUERY_URL` is configured for Zero Cache.")
-		return appapi.TransformRequest{}, false
-	}
-	return appapi.TransformRequest{
-		Conn: v.c.apiConn(v.ac), URL: v.ac.Query.url, Headers: v.ac.Query.headers, Queries: qs,
-	}, true
+	return qs
 }
 
 // callTransform sends req to the query endpoint; it reads nothing of g.

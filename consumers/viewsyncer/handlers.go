@@ -340,6 +340,7 @@ func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot, v *
 }
 
 func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPatchOp) error {
+	pre := g.prefetchTransform(ctx, c, ops)
 	unlock := g.lock()
 	defer unlock()
 	if !g.current(c) {
@@ -368,6 +369,7 @@ func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPa
 	if err != nil {
 		return err
 	}
+	v.pre = pre
 	if err := g.catchUpTo(ctx, snap, v); err != nil {
 		return err
 	}
@@ -377,6 +379,7 @@ func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPa
 }
 
 func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error {
+	pre := g.prefetchTransform(ctx, c, nil)
 	unlock := g.lock()
 	defer unlock()
 	if !g.current(c) {
@@ -393,6 +396,7 @@ func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error 
 	if err != nil {
 		return err
 	}
+	v.pre = pre
 	if err := g.catchUpTo(ctx, snap, v); err != nil {
 		return err
 	}

@@ -216,3 +216,39 @@ func TestServer_HungAPICallEnds(t *testing.T) {
 	})
 	c.alive()
 }
+
+// TestServer_SlowTransformIsolated hangs the transform of one group's new
+// synced query: another group's pokes go on meanwhile.
+func TestServer_SlowTransformIsolated(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 10, api: true, apiTimeout: 20 * time.Second})
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", good, 0))})
+	slow.hydrated()
+	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "uy", token: "user:uy", init: initFrame(testSchema, put("good", good, 0))})
+	fast.hydrated()
+
+	e.api.hang("user:ux")
+	slow.send(`["changeDesiredQueries",{"desiredQueriesPatch":[` + issue4Put + `]}]`)
+	polltest.Until(t, 10*time.Second, "slowx's transform to hang", func() bool {
+		e.api.mu.Lock()
+		defer e.api.mu.Unlock()
+		return e.api.hanging > 0
+	})
+	for i, title := range []string{"one", "two", "three"} {
+		start := time.Now()
+		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
+		waitPatch(fast, `"title":"`+title+`"`)
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("update %d reached fasty after %v; want within 3s", i, d)
+		}
+	}
+	// slowx's own pokes go on too: its lock is free while the API server
+	// holds the call.
+	start := time.Now()
+	e.execSQL("UPDATE issue SET title = 'four' WHERE id = 'i0000001'")
+	waitPatch(slow, `"title":"four"`)
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the update reached slowx after %v; want within 3s", d)
+	}
+	e.api.unhang("user:ux")
+}

@@ -159,14 +159,22 @@ func classify(err error) error {
 // validateConn checks c's credentials with the empty transform (or a
 // client-fallback success without a query URL) and records the result.
 // An auth failure removes c's record; the caller fails c with the error.
-func (g *group) validateConn(ctx context.Context, c *conn) error {
+// pre, if it validated c's current credentials, answers in place of the
+// API server.
+func (g *group) validateConn(ctx context.Context, c *conn, pre *initPrefetch) error {
 	ac, err := g.cc.MustConn(c.selector())
 	if err != nil {
 		return err
 	}
 	v := auth.Validation{}
 	if g.s.api != nil {
-		av, err := g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
+		var av appapi.Validation
+		var err error
+		if pre != nil && pre.ac.Selector == ac.Selector && pre.ac.Revision == ac.Revision {
+			av, err = pre.val, pre.valErr
+		} else {
+			av, err = g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
+		}
 		if err != nil {
 			if appapi.IsAuth(err) {
 				g.cc.Fail(ac.Selector, ac.Revision)

@@ -179,6 +179,7 @@ func (g *group) current(c *conn) bool { return g.conns[c.clientID] == c }
 // initConnection registers the client and its queries, then catches it up
 // (docs/protocol.md §4.1).
 func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectionBody) error {
+	pre := g.prefetchInit(ctx, c, body)
 	unlock := g.lock()
 	defer unlock()
 	if !g.current(c) {
@@ -230,17 +231,22 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 			return err
 		}
 	}
-	if _, err := g.cc.InitConnection(c.selector(), endpoint{body.UserQueryURL, body.UserQueryHeaders},
-		endpoint{body.UserPushURL, body.UserPushHeaders}); err != nil {
-		return err
+	if pre == nil {
+		if _, err := g.cc.InitConnection(c.selector(), endpoint{body.UserQueryURL, body.UserQueryHeaders},
+			endpoint{body.UserPushURL, body.UserPushHeaders}); err != nil {
+			return err
+		}
 	}
 	// Auth is checked before any data is sent (docs/protocol.md §13).
-	if err := g.validateConn(ctx, c); err != nil {
+	if err := g.validateConn(ctx, c, pre); err != nil {
 		return err
 	}
 	missing, err := g.viaConn(c, false)
 	if err != nil {
 		return err
+	}
+	if pre != nil {
+		missing.pre = pre.transform
 	}
 	release, perr := g.checkQueries(c.clientID, body.DesiredQueriesPatch, g.ttlClock(time.Now()))
 	if perr != nil {
@@ -289,6 +295,63 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	}
 	g.ackDeletes(deleted)
 	return nil
+}
+
+// initPrefetch is what initConnection asks the API server, asked before it
+// takes the group's lock: the validation of the connection's credentials
+// and, if they passed, the transform of the group's synced queries and the
+// patch's. The connection's endpoints are applied to its record first
+// (auth.Manager.InitConnection), which the locked work then skips.
+type initPrefetch struct {
+	ac        authConn
+	val       appapi.Validation
+	valErr    error
+	transform *prefetch
+}
+
+// prefetchInit makes initConnection's API calls without g's lock; nil when
+// there is no API server, or c is not waiting for its initConnection (the
+// locked work then finds out why).
+func (g *group) prefetchInit(ctx context.Context, c *conn, body *initConnectionBody) *initPrefetch {
+	if g.s.api == nil {
+		return nil
+	}
+	unlock := g.lock()
+	if !g.current(c) || c.ready || g.unloaded {
+		unlock()
+		return nil
+	}
+	ac, err := g.cc.InitConnection(c.selector(), endpoint{body.UserQueryURL, body.UserQueryHeaders},
+		endpoint{body.UserPushURL, body.UserPushHeaders})
+	if err != nil {
+		unlock()
+		return nil
+	}
+	v := &via{c: c, ac: ac, all: true}
+	qs := g.transformQueries(v, g.ttlClock(time.Now()))
+	ids := map[string]bool{}
+	for _, q := range qs {
+		ids[q.ID] = true
+	}
+	for _, op := range body.DesiredQueriesPatch {
+		if op.Op == "put" && op.Name != nil && len(op.AST) == 0 && !ids[op.Hash] {
+			ids[op.Hash] = true
+			qs = append(qs, appapi.Query{ID: op.Hash, Name: *op.Name, Args: op.Args})
+		}
+	}
+	unlock()
+	pre := &initPrefetch{ac: ac}
+	pre.val, pre.valErr = g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
+	// Without a replica the locked work transforms nothing: the queries
+	// wait for the first advance.
+	if pre.valErr != nil || len(qs) == 0 || !g.s.api.QueryConfigured() || g.s.cfg.Replica.State().Watermark == "" {
+		return pre
+	}
+	res, err := g.callTransform(ctx, appapi.TransformRequest{
+		Conn: c.apiConn(ac), URL: ac.Query.url, Headers: ac.Query.headers, Queries: qs,
+	})
+	pre.transform = &prefetch{sel: ac.Selector, revision: ac.Revision, ids: ids, res: res, err: err}
+	return pre
 }
 
 // catchUpTo brings an existing group's rows to snap before a config change,

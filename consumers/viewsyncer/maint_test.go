@@ -252,3 +252,33 @@ func TestServer_SlowTransformIsolated(t *testing.T) {
 	}
 	e.api.unhang("user:ux")
 }
+
+// TestServer_SlowConnectIsolated hangs the validation of a connection
+// joining a group: the group's other client, and another group, keep
+// their pokes.
+func TestServer_SlowConnectIsolated(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 10, api: true, apiTimeout: 20 * time.Second})
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	member := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", good, 0))})
+	member.hydrated()
+	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "uy", token: "user:uy", init: initFrame(testSchema, put("good", good, 0))})
+	fast.hydrated()
+
+	e.api.hang("user:ux")
+	joining := connect(t, e, dialOpts{group: "slowx", client: "x2", user: "ux", token: "user:ux", init: initFrame("", issue4Put)})
+	joining.expect("connected")
+	polltest.Until(t, 10*time.Second, "x2's validation to hang", func() bool {
+		e.api.mu.Lock()
+		defer e.api.mu.Unlock()
+		return e.api.hanging > 0
+	})
+	for i, title := range []string{"one", "two", "three"} {
+		start := time.Now()
+		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
+		waitPatch(fast, `"title":"`+title+`"`)
+		waitPatch(member, `"title":"`+title+`"`)
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("update %d reached both groups after %v; want within 3s", i, d)
+		}
+	}
+}

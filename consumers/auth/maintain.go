@@ -25,8 +25,8 @@ type Effects[A, Q, M any] interface {
 	FailConnection(c Conn[A, Q, M], err error)
 }
 
-// Maintain runs the maintenance that is due; the view-syncer calls it under
-// its group lock after Wake. Each due connection is revalidated: an auth
+// Maintain runs the maintenance that is due; the view-syncer calls it after
+// Wake, without its group lock, which its Effects take as they need. Each due connection is revalidated: an auth
 // failure fails that connection only, a transient one defers all
 // maintenance and ends the round. Then, if a background retransform is due,
 // it runs with the background connection's credentials: an auth failure

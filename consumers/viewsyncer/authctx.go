@@ -87,8 +87,8 @@ type (
 )
 
 // newAuthManager returns a group's connection context manager. Its timer
-// only signals g.maint; Run's evict loop then runs the maintenance under
-// the group's lock.
+// only signals g.maint; the group's next maintenance round (Run's evict
+// loop) then runs the maintenance.
 func (s *Server) newAuthManager(g *group) *authManager {
 	m, err := auth.NewManager[connAuth, endpoint, endpoint](auth.ManagerConfig{
 		RevalidateInterval:  s.cfg.RevalidateInterval,
@@ -199,24 +199,14 @@ func (g *group) connOf(ac authConn) *conn {
 	return c
 }
 
-// effects are the manager's Effects. With held set, the group's lock is
-// held while the manager runs them (RetransformConn, from a connection's
-// handler). Without it (Maintain, from the maintenance round), each takes
-// the lock for its own steps and calls the API server without it; a
-// result is applied only if the connection and its auth revision are
-// still current.
+// effects are the manager's Effects, which it runs outside its own lock
+// (Maintain, from the maintenance round; RetransformConn, from updateAuth).
+// Each takes the group's lock for its own steps and calls the API server
+// without it; a result is applied only if the connection and its auth
+// revision are still current.
 type effects struct {
-	g    *group
-	held bool
-	err  error // a sync error that is not the API server's: fatal
-}
-
-// lock takes the group's lock unless the caller holds it.
-func (e *effects) lock() func() {
-	if e.held {
-		return func() {}
-	}
-	return e.g.lock()
+	g   *group
+	err error // a sync error that is not the API server's: fatal
 }
 
 // errGone defers maintenance for a connection or group that went away
@@ -241,7 +231,7 @@ func (g *group) currentConn(ac authConn) *conn {
 
 func (e *effects) Revalidate(ctx context.Context, ac authConn) (auth.Validation, error) {
 	g := e.g
-	unlock := e.lock()
+	unlock := g.lock()
 	c := g.currentConn(ac)
 	unlock()
 	if c == nil {
@@ -259,43 +249,32 @@ func (e *effects) Revalidate(ctx context.Context, ac authConn) (auth.Validation,
 
 func (e *effects) Retransform(ctx context.Context, ac authConn) (*auth.Validation, error) {
 	g := e.g
-	unlock := e.lock()
+	unlock := g.lock()
 	defer func() { unlock() }()
 	c := g.currentConn(ac)
 	if c == nil {
 		return nil, errGone
 	}
-	v := &via{c: c, ac: ac, all: true}
 	var res *appapi.TransformResult
-	if !e.held {
-		req, ok := g.transformRequest(v, g.ttlClock(time.Now()))
-		if ok {
-			unlock()
-			r, err := g.callTransform(ctx, req)
-			unlock = g.lock()
-			if err != nil {
-				return nil, classify(err)
-			}
-			if g.currentConn(ac) != c {
-				return nil, errGone
-			}
-			res = &r
+	if req, ok := g.transformRequest(&via{c: c, ac: ac, all: true}, g.ttlClock(time.Now())); ok {
+		unlock()
+		r, err := g.callTransform(ctx, req)
+		unlock = g.lock()
+		if err != nil {
+			return nil, classify(err)
 		}
+		if g.currentConn(ac) != c {
+			return nil, errGone
+		}
+		res = &r
 	}
 	snap, err := g.s.openSnapshot(ctx)
 	if err != nil || snap == nil {
 		return nil, err
 	}
 	defer snap.close()
-	var val *auth.Validation
-	if e.held {
-		val, err = g.syncVia(ctx, snap, v)
-	} else {
-		val, err = g.syncTransformed(ctx, snap, res)
-	}
-	if !e.held {
-		g.dropIfBroken()
-	}
+	val, err := g.syncTransformed(ctx, snap, res)
+	g.dropIfBroken()
 	if err != nil {
 		if c := classify(err); c != err {
 			return nil, c
@@ -311,7 +290,7 @@ func (e *effects) Retransform(ctx context.Context, ac authConn) (*auth.Validatio
 }
 
 func (e *effects) FailConnection(ac authConn, err error) {
-	unlock := e.lock()
+	unlock := e.g.lock()
 	defer unlock()
 	if c := e.g.connOf(ac); c != nil {
 		c.ready = false

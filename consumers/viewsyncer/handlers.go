@@ -73,23 +73,40 @@ func (g *group) setAuth(authData map[string]any) {
 // updateAuth applies a connection's new token (docs/protocol.md §4.4): a
 // changed token is a new auth revision, which re-transforms the synced
 // queries with it and re-binds the legacy queries to its claims
-// (docs/protocol.md §13). A failure fails the connection.
+// (docs/protocol.md §13). A failure fails the connection. The
+// re-transform runs as the maintenance round's does: the API server is
+// called without the group's lock.
 func (g *group) updateAuth(ctx context.Context, c *conn, token string, claims map[string]any) error {
+	ac, retransform, err := g.applyAuth(ctx, c, token, claims)
+	if err != nil || !retransform {
+		return err
+	}
+	eff := &effects{g: g}
+	g.cc.RetransformConn(ctx, eff, ac)
+	unlock := g.lock()
+	defer unlock()
+	g.dropIfBroken()
+	return eff.err
+}
+
+// applyAuth is updateAuth's work under g's lock; true means the token
+// changed on a ready connection, whose record ac is to re-transform with.
+func (g *group) applyAuth(ctx context.Context, c *conn, token string, claims map[string]any) (authConn, bool, error) {
 	unlock := g.lock()
 	defer unlock()
 	if !g.current(c) {
-		return nil
+		return authConn{}, false, nil
 	}
 	ac, err := g.cc.MustConn(c.selector())
 	if err != nil {
-		return err
+		return ac, false, err
 	}
 	prev := ac.Auth
 	if token == "" && prev.token != "" {
-		return authError(kindUnauthorized, "No token provided. An unauthenticated client cannot connect to an authenticated client group.")
+		return ac, false, authError(kindUnauthorized, "No token provided. An unauthenticated client cannot connect to an authenticated client group.")
 	}
 	if (prev.claims == nil) != (claims == nil) && prev.token != "" {
-		return authError(kindUnauthorized, "Cannot change auth type between JWT and opaque tokens.")
+		return ac, false, authError(kindUnauthorized, "Cannot change auth type between JWT and opaque tokens.")
 	}
 	changed := token != prev.token
 	if changed && prev.claims != nil && claims != nil {
@@ -97,36 +114,33 @@ func (g *group) updateAuth(ctx context.Context, c *conn, token string, claims ma
 		ni, nok := claims["iat"].(float64)
 		switch {
 		case pok != nok:
-			return authError(kindUnauthorized, "Cannot mix tokens with and without an iat claim.")
+			return ac, false, authError(kindUnauthorized, "Cannot mix tokens with and without an iat claim.")
 		case pok && ni < pi:
 			// An older token than the one in use: keep the newer one.
-			return nil
+			return ac, false, nil
 		}
 	}
 	ac, err = g.cc.UpdateAuth(c.selector(), connAuth{token: token, claims: claims}, changed)
 	if err != nil {
-		return err
+		return ac, false, err
 	}
 	gen := g.authGen
 	g.setAuth(authMap(claims))
 	if !c.ready {
-		return nil
+		return ac, false, nil
 	}
 	if !changed {
 		if gen == g.authGen {
-			return nil
+			return ac, false, nil
 		}
 		snap, err := g.s.openSnapshot(ctx)
 		if err != nil || snap == nil {
-			return err
+			return ac, false, err
 		}
 		defer snap.close()
-		return g.syncAt(ctx, snap)
+		return ac, false, g.syncAt(ctx, snap)
 	}
-	eff := &effects{g: g, held: true}
-	g.cc.RetransformConn(ctx, eff, ac)
-	g.dropIfBroken()
-	return eff.err
+	return ac, true, nil
 }
 
 // authMap is what the legacy read rules bind authData to: a JWT's claims,

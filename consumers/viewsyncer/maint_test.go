@@ -282,3 +282,32 @@ func TestServer_SlowConnectIsolated(t *testing.T) {
 		}
 	}
 }
+
+// TestServer_SlowRetransformIsolated hangs the re-transform a changed
+// token starts: the group's pokes, and another group's, go on.
+func TestServer_SlowRetransformIsolated(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 10, secret: captureSecret, api: true, apiTimeout: 20 * time.Second})
+	t1, t2 := jwtFor(t, "u1", time.Now().Unix()), jwtFor(t, "u1", time.Now().Unix()+1)
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "u1", token: t1, init: initFrame(testSchema, put("good", good, 0), issue4Put)})
+	slow.hydrated()
+	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "u1", token: t1, init: initFrame(testSchema, put("good", good, 0))})
+	fast.hydrated()
+
+	e.api.hang(t2)
+	slow.send(`["updateAuth",{"auth":"` + t2 + `"}]`)
+	polltest.Until(t, 10*time.Second, "the re-transform to hang", func() bool {
+		e.api.mu.Lock()
+		defer e.api.mu.Unlock()
+		return e.api.hanging > 0
+	})
+	for i, title := range []string{"one", "two", "three"} {
+		start := time.Now()
+		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
+		waitPatch(fast, `"title":"`+title+`"`)
+		waitPatch(slow, `"title":"`+title+`"`)
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("update %d reached both groups after %v; want within 3s", i, d)
+		}
+	}
+}

@@ -82,7 +82,6 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 	}
 	start := time.Now()
 	defer func() { g.s.metrics.advanceTime.Observe(time.Since(start).Seconds()) }()
-	g.transformPending(ctx)
 	err := g.sync(ctx, snap, changed)
 	if err == nil {
 		// The pipelines are synced: background retransforms may run.
@@ -93,39 +92,89 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 }
 
 // transformPending transforms the synced queries that are still waiting
-// for their AST. A config change transforms only when there is a snapshot
-// to sync at, so the queries of clients that connected before the replica
-// existed wait for the first advance. They go through a ready connection,
-// as a config change of its client would; a failure is that client's, and
-// it is sent away with it (its reconnect transforms again), while the
-// group's other queries advance.
+// for their AST, then syncs the group so that they hydrate. A config change
+// transforms only when there is a snapshot to sync at, so the queries of
+// clients that connected before the replica existed wait for the replica;
+// the group's maintenance round then transforms them, without the group's
+// lock, through a ready connection, as a config change of its client
+// would. A failure is that client's, and it is sent away with it (its
+// reconnect transforms again), while the group's other queries go on.
 func (g *group) transformPending(ctx context.Context) {
-	if !g.s.api.QueryConfigured() {
+	if !g.s.api.QueryConfigured() || g.s.cfg.Replica.State().Watermark == "" {
 		return
 	}
-	for _, c := range g.sortedConns() {
-		if !g.hasPendingTransform() {
+	tried := map[*conn]bool{}
+	for {
+		unlock := g.lock()
+		v, req, ok := g.pendingRequest(tried)
+		unlock()
+		if !ok {
 			return
 		}
-		if !c.ready {
+		tried[v.c] = true
+		res, err := g.callTransform(ctx, req)
+		g.applyPending(ctx, v, res, err)
+	}
+}
+
+// pendingRequest is the transform of the pending synced queries through
+// a ready connection not tried yet; g's lock is held.
+func (g *group) pendingRequest(tried map[*conn]bool) (*via, appapi.TransformRequest, bool) {
+	if g.unloaded || g.broken || !g.hasPendingTransform() {
+		return nil, appapi.TransformRequest{}, false
+	}
+	for _, c := range g.sortedConns() {
+		if !c.ready || tried[c] {
 			continue
 		}
 		v, err := g.viaConn(c, false)
 		if err != nil {
 			continue
 		}
-		val, err := g.transform(ctx, v, g.ttlClock(time.Now()))
-		if err == nil {
-			err = g.validateVia(v, val)
-		} else if appapi.IsAuth(err) {
-			g.cc.Fail(v.ac.Selector, v.ac.Revision)
-		}
-		if err != nil {
-			g.log.Warn("transform queued synced queries", logkey.Client, c.clientID, "err", err)
-			c.ready = false
-			c.failErr(err)
+		if req, ok := g.transformRequest(v, g.ttlClock(time.Now())); ok {
+			return v, req, true
 		}
 	}
+	return nil, appapi.TransformRequest{}, false
+}
+
+// applyPending applies a pending transform through v, if v is still
+// current, and syncs the group at a fresh snapshot.
+func (g *group) applyPending(ctx context.Context, v *via, res appapi.TransformResult, err error) {
+	unlock := g.lock()
+	defer unlock()
+	c := g.currentConn(v.ac)
+	if c == nil || !c.ready {
+		return
+	}
+	if err == nil {
+		err = g.validateVia(v, g.applyTransform(res))
+	} else if appapi.IsAuth(err) {
+		g.cc.Fail(v.ac.Selector, v.ac.Revision)
+	}
+	if err != nil {
+		g.log.Warn("transform queued synced queries", logkey.Client, c.clientID, "err", err)
+		c.ready = false
+		c.failErr(err)
+		return
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if err != nil || snap == nil {
+		if err != nil {
+			g.log.Error("sync transformed synced queries", "err", err)
+		}
+		return
+	}
+	defer snap.close()
+	if err := g.checkTransformed(snap); err != nil {
+		c.ready = false
+		c.failErr(err)
+		return
+	}
+	if err := g.syncAt(ctx, snap); err != nil && ctx.Err() == nil {
+		g.log.Error("sync transformed synced queries", "err", err)
+	}
+	g.dropIfBroken()
 }
 
 // hasPendingTransform reports whether a live synced query waits for its AST.

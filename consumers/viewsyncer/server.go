@@ -588,6 +588,7 @@ func (s *Server) maintainGroup(ctx context.Context, g *group, now time.Time) {
 	if g.maintenanceDue() {
 		g.maintain(ctx)
 	}
+	g.transformPending(ctx)
 	if g.unloadIfIdle(ctx, now) {
 		s.removeGroup(g)
 		s.store.Unload(ctx, g.cvr)

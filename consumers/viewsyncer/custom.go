@@ -72,8 +72,8 @@ func (g *group) checkTransformed(snap *snapshot) error {
 // with v's credentials, as zero-cache's #syncQueryPipelineSet does: an AST
 // replaces the query's, a per-query error removes the query's pipeline
 // (on the next sync) and goes to the clients that want it as transformError.
-// It calls the API server under g's lock; the maintenance round does the
-// same in steps (effects.Retransform).
+// The API server is called under g's lock only when v.pre, the answer
+// asked for before the lock was taken, does not cover the request.
 func (g *group) transform(ctx context.Context, v *via, clock float64) (*auth.Validation, error) {
 	req, ok := g.transformRequest(v, clock)
 	if !ok {
@@ -133,9 +133,10 @@ func (p *prefetch) answer(ac authConn, req appapi.TransformRequest) (appapi.Tran
 // prefetchTransform transforms, without g's lock, what a config change of
 // c adding ops would transform under it: the synced queries waiting for
 // their AST and the patch's new synced queries. nil when there is nothing
-// to transform or c is not ready.
+// to transform or c is not ready, and without a replica, which config
+// changes wait for before they transform.
 func (g *group) prefetchTransform(ctx context.Context, c *conn, ops []queryPatchOp) *prefetch {
-	if !g.s.api.QueryConfigured() {
+	if !g.s.api.QueryConfigured() || g.s.cfg.Replica.State().Watermark == "" {
 		return nil
 	}
 	unlock := g.lock()

@@ -64,8 +64,9 @@ type group struct {
 	cc    *authManager
 	maint chan struct{}
 	// maintaining is set while a maintenance round runs for the group
-	// (Server.evictLoop), which starts no other one meanwhile.
-	maintaining atomic.Bool
+	// (Server.evictLoop), which starts no other one meanwhile; losing once
+	// the loss of its lease is being handled, which waits for no round.
+	maintaining, losing atomic.Bool
 	// pusher forwards custom mutations, one request at a time; nil until
 	// the first push. stopPush ends it.
 	pusher   *appapi.Pusher

@@ -1,6 +1,7 @@
 package viewsyncer
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"sync/atomic"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jetsync/jetsync/internal/polltest"
+	"github.com/jetsync/jetsync/streams"
 )
 
 // TestServer_SlowAPIServerIsolated hangs the API server for one group's
@@ -309,5 +311,36 @@ func TestServer_SlowRetransformIsolated(t *testing.T) {
 		if d := time.Since(start); d > 3*time.Second {
 			t.Errorf("update %d reached both groups after %v; want within 3s", i, d)
 		}
+	}
+}
+
+// TestDurable_LeaseLostWhileMaintenanceHangs takes a group's lease while
+// its revalidation waits on the API server: its client is sent away at
+// once, not when the call ends.
+func TestDurable_LeaseLostWhileMaintenanceHangs(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 10, durable: true, api: true, revalidate: 200 * time.Millisecond})
+	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
+	c := connect(t, e, dialOpts{group: "g", client: "c1", user: "u1", token: "user:u1", init: initFrame(testSchema, put("good", good, 0))})
+	c.hydrated()
+	e.api.hang("user:u1")
+	polltest.Until(t, 10*time.Second, "the revalidation to hang", func() bool {
+		e.api.mu.Lock()
+		defer e.api.mu.Unlock()
+		return e.api.hanging > 0
+	})
+
+	ctx := context.Background()
+	kv, err := e.js.KeyValue(ctx, e.shard.OwnersBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	rec, _ := json.Marshal(streams.CVROwner{ID: "thief", ExpiresMs: now.Add(time.Hour).UnixMilli(), GrantedMs: now.UnixMilli()})
+	if _, err := kv.Put(ctx, streams.OwnerKey("g"), rec); err != nil {
+		t.Fatal(err)
+	}
+	c.expectErrorAfterPokes(kindRehome, "CVR ownership was transferred to thief at ", closeNormal)
+	if d := time.Since(now); d > 5*time.Second {
+		t.Errorf("the client was sent away %v after the lease was taken; want within 5s", d)
 	}
 }

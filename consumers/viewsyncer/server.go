@@ -530,7 +530,8 @@ const maxAdvancing = 512
 // lost and unloads idle groups, until ctx ends. Each group's round runs on
 // a goroutine of its own, and a group whose last round has not ended is
 // skipped: a group waiting on the API server or on its lock delays no
-// other group's maintenance.
+// other group's maintenance. A lost lease is handled at once, even while
+// the group's round waits on the API server.
 func (s *Server) evictLoop(ctx context.Context) {
 	t := time.NewTicker(evictInterval)
 	defer t.Stop()
@@ -544,6 +545,15 @@ func (s *Server) evictLoop(ctx context.Context) {
 		case now := <-t.C:
 			groups := s.groupList()
 			for _, g := range groups {
+				if g.leaseGone() {
+					if g.losing.CompareAndSwap(false, true) {
+						wg.Go(func() {
+							defer g.contain("lease loss")
+							s.leaseLost(g)
+						})
+					}
+					continue
+				}
 				if !g.maintaining.CompareAndSwap(false, true) {
 					continue
 				}
@@ -579,12 +589,6 @@ func (g *group) advanceContained(ctx context.Context, sn *snapshot, changed *cha
 // maintainGroup runs evictLoop's work for g, a panic in it failing g alone.
 func (s *Server) maintainGroup(ctx context.Context, g *group, now time.Time) {
 	defer g.contain("maintenance")
-	select {
-	case <-g.leaseDone:
-		s.leaseLost(g)
-		return
-	default:
-	}
 	if g.maintenanceDue() {
 		g.maintain(ctx)
 	}
@@ -598,6 +602,16 @@ func (s *Server) maintainGroup(ctx context.Context, g *group, now time.Time) {
 		g.log.Error("evict", "err", err)
 	}
 	g.prune(now)
+}
+
+// leaseGone reports whether the store lost g's ownership.
+func (g *group) leaseGone() bool {
+	select {
+	case <-g.leaseDone:
+		return true
+	default:
+		return false
+	}
 }
 
 // groupList lists the loaded groups.

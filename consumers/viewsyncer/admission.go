@@ -321,6 +321,27 @@ var sharedWriteBuffers websocket.BufferPool = &sync.Pool{}
 // runs release once the patch's queries hydrated.
 func (g *group) checkQueries(clientID string, ops []queryPatchOp, clock float64) (release func(), perr *protocolError) {
 	limit := g.s.cfg.MaxQueriesPerClient
+	n, added := g.desiredAfter(clientID, ops, clock)
+	if limit > 0 && n > limit {
+		g.s.metrics.refused.WithLabelValues("queries").Inc()
+		return nil, newProtocolError(kindInternal, "Too many queries: a client may desire at most %d at once, counting those whose TTL still runs", limit)
+	}
+	if !added {
+		return func() {}, nil
+	}
+	return g.s.admitHydration()
+}
+
+// tooManyQueries reports whether checkQueries refuses ops for their
+// number. g.mu is held.
+func (g *group) tooManyQueries(clientID string, ops []queryPatchOp, clock float64) bool {
+	n, _ := g.desiredAfter(clientID, ops, clock)
+	return g.s.cfg.MaxQueriesPerClient > 0 && n > g.s.cfg.MaxQueriesPerClient
+}
+
+// desiredAfter is how many queries the client would desire after ops,
+// and whether ops add one the group does not have. g.mu is held.
+func (g *group) desiredAfter(clientID string, ops []queryPatchOp, clock float64) (n int, added bool) {
 	held := map[string]bool{}
 	if cl := g.cvr.Clients[clientID]; cl != nil {
 		for hash, d := range cl.Desired {
@@ -329,7 +350,6 @@ func (g *group) checkQueries(clientID string, ops []queryPatchOp, clock float64)
 			}
 		}
 	}
-	added := false
 	for _, op := range ops {
 		switch op.Op {
 		case "put":
@@ -343,14 +363,7 @@ func (g *group) checkQueries(clientID string, ops []queryPatchOp, clock float64)
 			clear(held)
 		}
 	}
-	if limit > 0 && len(held) > limit {
-		g.s.metrics.refused.WithLabelValues("queries").Inc()
-		return nil, newProtocolError(kindInternal, "Too many queries: a client may desire at most %d at once, counting those whose TTL still runs", limit)
-	}
-	if !added {
-		return func() {}, nil
-	}
-	return g.s.admitHydration()
+	return len(held), added
 }
 
 // errLowMemory refuses new queries under memory pressure.

@@ -145,7 +145,8 @@ func (g *group) prefetchTransform(ctx context.Context, c *conn, ops []queryPatch
 		return nil
 	}
 	v, err := g.viaConn(c, false)
-	if err != nil {
+	if err != nil || g.tooManyQueries(c.clientID, ops, g.ttlClock(time.Now())) {
+		// A patch the bound refuses is not sent to the API server.
 		unlock()
 		return nil
 	}

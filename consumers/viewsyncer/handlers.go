@@ -342,6 +342,9 @@ func (g *group) prefetchInit(ctx context.Context, c *conn, body *initConnectionB
 		return nil
 	}
 	v := &via{c: c, ac: ac, all: true}
+	// A patch the query bound refuses is validated first, as the locked
+	// work does, but not sent to the API server.
+	tooMany := g.tooManyQueries(c.clientID, body.DesiredQueriesPatch, g.ttlClock(time.Now()))
 	qs := g.transformQueries(v, g.ttlClock(time.Now()))
 	ids := map[string]bool{}
 	for _, q := range qs {
@@ -358,7 +361,7 @@ func (g *group) prefetchInit(ctx context.Context, c *conn, body *initConnectionB
 	pre.val, pre.valErr = g.s.api.Validate(ctx, c.apiConn(ac), ac.Query.url, ac.Query.headers)
 	// Without a replica the locked work transforms nothing: the queries
 	// wait for the first advance.
-	if pre.valErr != nil || len(qs) == 0 || !g.s.api.QueryConfigured() || g.s.cfg.Replica.State().Watermark == "" {
+	if pre.valErr != nil || tooMany || len(qs) == 0 || !g.s.api.QueryConfigured() || g.s.cfg.Replica.State().Watermark == "" {
 		return pre
 	}
 	res, err := g.callTransform(ctx, appapi.TransformRequest{

@@ -134,6 +134,9 @@ func TestServer_WriterPanicContained(t *testing.T) {
 	waitPatch(other, `"title":"after the panic"`)
 	e.execSQL("UPDATE issue SET title = 'and after' WHERE id = 'i0000002'")
 	waitPatch(other, `"title":"and after"`)
+	// What the panicked writer had taken off its queue is given back to
+	// the send budget.
+	polltest.Until(t, 10*time.Second, "every queued byte to be given back", func() bool { return e.srv.adm.queued.Load() == 0 })
 
 	c := connect(t, e, dialOpts{group: "victim", client: "c1", init: initFrame(testSchema, put("good", good, 0))})
 	if p := c.hydrated(); !has(p, "got "+`{"hash":"good","op":"put"}`) {

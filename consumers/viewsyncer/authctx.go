@@ -268,7 +268,7 @@ func (e *effects) Retransform(ctx context.Context, ac authConn) (*auth.Validatio
 		}
 		res = &r
 	}
-	snap, err := g.s.openSnapshot(ctx)
+	snap, err := g.openSnapshot(ctx)
 	if err != nil || snap == nil {
 		return nil, err
 	}

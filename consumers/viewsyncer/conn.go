@@ -228,6 +228,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var g *group
 	relayUntil := time.Now().Add(relayBudget)
+	var gctx context.Context
+	var closed, leave func()
 	for {
 		g, err = s.group(ctx, p.clientGroupID)
 		var owned *cvrstore.OwnedError
@@ -254,16 +256,24 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		c.g = g
+		// A reader goroutine (below) sees the client go even while a
+		// handler is busy: the group's work is cancelled once none of
+		// its sockets is left, counting those waiting to attach.
+		gctx, closed, leave = g.liveConn(ctx, c)
 		perr := g.attach(c, sp.AuthToken != "", authMap(claims))
 		if perr == errUnloaded {
+			leave()
 			continue // it left memory meanwhile: load it again
 		}
 		if perr != nil {
+			leave()
 			closeWithError(ws, perr)
 			return
 		}
 		break
 	}
+	defer leave()
+	ctx = gctx
 	s.metrics.connections.Inc()
 	defer s.metrics.connections.Dec()
 	s.adm.add(c)
@@ -283,13 +293,26 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if b, err := encodeFrame("connected", connectedBody{WSID: p.wsID, Timestamp: time.Now().UnixMilli()}); err == nil {
 		c.enqueue(b)
 	}
+	in := newInbox(int(s.cfg.MaxPayloadBytes))
+	stop := make(chan struct{})
+	reading := make(chan struct{})
+	go func() {
+		defer close(reading)
+		in.readLoop(ws, stop, closed)
+	}()
+	defer func() {
+		close(stop)
+		// Unblock the read, then wait for the reader to end.
+		_ = ws.SetReadDeadline(time.Now())
+		<-reading
+	}()
 	if init != nil {
 		if !c.handle(ctx, &upstream{Tag: tagInitConnection, InitConnection: init}) {
 			return
 		}
 	}
 	for {
-		_, data, err := ws.ReadMessage()
+		data, err := in.next()
 		if err != nil {
 			var ce *websocket.CloseError
 			if !errors.As(err, &ce) && !c.isClosing() {
@@ -360,7 +383,7 @@ func expectedError(err error) bool {
 	var perr *protocolError
 	var f *appapi.Failure
 	var ce *auth.Error
-	return errors.As(err, &perr) || errors.As(err, &f) || errors.As(err, &ce)
+	return errors.As(err, &perr) || errors.As(err, &f) || errors.As(err, &ce) || errors.Is(err, context.Canceled)
 }
 
 // enqueue queues frames to send, all or none. A client whose queue would

@@ -77,6 +77,19 @@ type group struct {
 	timings       map[string]*queryTiming
 	// counted is what the group adds to the queries and rows gauges.
 	countedQueries, countedRows int
+
+	// pend is what the advance left with the group while it was busy
+	// (fair.go), guarded by pendMu, which the advance takes without mu;
+	// catchingUp is set while a catch-up runs. slow is set while the
+	// group's last config sync was slow.
+	pendMu     sync.Mutex
+	pend       *pendingAdvance
+	catchingUp atomic.Bool
+	slow       atomic.Bool
+	// live holds the group's sockets and their handlers' cancels
+	// (inbox.go), guarded by liveMu.
+	liveMu sync.Mutex
+	live   map[*conn]*liveSocket
 }
 
 // count updates the group's share of the queries and rows gauges; gone
@@ -97,12 +110,13 @@ func (g *group) count(gone bool) {
 }
 
 // lock takes the group's lock, recording the wait
-// (zero.sync.lock-wait-time), and returns its unlock.
+// (zero.sync.lock-wait-time), and returns its unlock, which has the group
+// catch up with what the advance left it meanwhile.
 func (g *group) lock() func() {
 	start := time.Now()
 	g.mu.Lock()
 	g.s.metrics.lockWait.Observe(time.Since(start).Seconds())
-	return g.mu.Unlock
+	return g.unlockAndCatchUp
 }
 
 // update is a CVR update (cvrstore.Update) as the group builds it, with
@@ -162,7 +176,9 @@ func (g *group) sync(ctx context.Context, snap *snapshot, changed *changeSet) er
 }
 
 func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeSet) (err error) {
-	if changed != nil && cvrstore.StateOf(g.cvr.Version) < snap.from {
+	at := cvrstore.StateOf(g.cvr.Version)
+	from, changed := g.takePending(snap.from, snap.version, at, changed)
+	if changed != nil && at < from {
 		// The pipelines missed changes before snap.from.
 		changed = nil
 	}

@@ -133,7 +133,7 @@ func (g *group) applyAuth(ctx context.Context, c *conn, token string, claims map
 		if gen == g.authGen {
 			return ac, false, nil
 		}
-		snap, err := g.s.openSnapshot(ctx)
+		snap, err := g.openSnapshot(ctx)
 		if err != nil || snap == nil {
 			return ac, false, err
 		}
@@ -410,7 +410,7 @@ func (g *group) finishConfig(ctx context.Context, u *update, snap *snapshot, v *
 		// Config syncs hydrate the group's new queries: their time paces
 		// the drain (Server.drain).
 		start := time.Now()
-		defer func() { g.syncTime += time.Since(start) }()
+		defer func() { g.timeSync(time.Since(start)) }()
 		return g.syncForClient(ctx, snap, v)
 	}
 	if !changed {
@@ -429,7 +429,7 @@ func (g *group) changeDesiredQueries(ctx context.Context, c *conn, ops []queryPa
 	if !c.ready {
 		return newProtocolError(kindInvalidMessage, "changeDesiredQueries before initConnection")
 	}
-	snap, err := g.s.openSnapshot(ctx)
+	snap, err := g.openSnapshot(ctx)
 	if err != nil {
 		return err
 	}
@@ -465,7 +465,7 @@ func (g *group) deleteClients(ctx context.Context, c *conn, ids []string) error 
 	if !g.current(c) {
 		return nil
 	}
-	snap, err := g.s.openSnapshot(ctx)
+	snap, err := g.openSnapshot(ctx)
 	if err != nil {
 		return err
 	}
@@ -567,7 +567,7 @@ func (g *group) openSnapshotAt(ctx context.Context, min string) (*snapshot, erro
 	t := time.NewTicker(replicaPoll)
 	defer t.Stop()
 	for {
-		snap, err := g.s.openSnapshot(ctx)
+		snap, err := g.openSnapshot(ctx)
 		if err != nil || snap == nil || snap.version >= min || snap.replicaVersion != g.cvr.ReplicaVersion {
 			return snap, err
 		}

@@ -367,7 +367,7 @@ func (g *group) analyzeQuery(ctx context.Context, c *conn, b *inspectBody, authD
 	if ast == nil {
 		return nil, errors.New("AST is required for analyze-query operation. Either provide an AST directly or ensure custom query transformation is configured.")
 	}
-	snap, err := g.s.openSnapshot(ctx)
+	snap, err := g.openSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}

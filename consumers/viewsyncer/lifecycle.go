@@ -70,10 +70,18 @@ func (s *Server) group(ctx context.Context, id string) (*group, error) {
 
 // advance moves the group to snap, updating the queries that read a
 // changed table (re-hydrating all of them when changed is nil). Groups without
-// connections wait: they re-hydrate when a client returns.
+// connections wait: they re-hydrate when a client returns. A busy group
+// is not waited for: it gets the changes to apply once free (fair.go).
 func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet) error {
-	unlock := g.lock()
-	defer unlock()
+	if !g.mu.TryLock() {
+		g.deferAdvance(snap.from, snap.version, changed)
+		// Its holder may have let go before the changes were left: then
+		// nobody would apply them.
+		if !g.mu.TryLock() {
+			return nil
+		}
+	}
+	defer g.unlockAndCatchUp()
 	if !g.hasReady() || g.unloaded || snap.version <= cvrstore.StateOf(g.cvr.Version) {
 		return nil
 	}
@@ -209,7 +217,7 @@ func (g *group) evict(ctx context.Context, now time.Time) error {
 	if !ok || next > clock {
 		return nil
 	}
-	snap, err := g.s.openSnapshot(ctx)
+	snap, err := g.openSnapshot(ctx)
 	if err != nil || snap == nil {
 		return err
 	}

@@ -53,7 +53,9 @@ const (
 	// client that falls further behind is closed and catches up on
 	// reconnect. It fits a whole hydration of the bench's issue table.
 	DefaultMaxQueueBytes = 64 << 20
-	// DefaultReadConns is the size of the replica read pool.
+	// DefaultReadConns is the number of replica read connections the
+	// advance has; the groups' own reads have a pool of their own
+	// (fair.go).
 	DefaultReadConns = 8
 	// DefaultGroupIdle is how long a client group without connections
 	// stays in memory: zero-cache's idle view-syncer keepalive. A group
@@ -258,18 +260,23 @@ type cvrOwners interface {
 
 // Server is the view-syncer.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	db      *sql.DB
-	store   cvrStore
-	owners  cvrOwners        // nil: CVRs in memory
-	purger  *cvrstore.Purger // nil: no garbage collection
-	auth    *auth.Verifier   // nil: no key configured
-	api     *appapi.Client   // nil: no query or mutate URL configured
-	metrics *metrics
-	inspect inspectStats
-	// stmts keeps db's prepared statements for the views' reads.
-	stmts *zql.StmtCache
+	cfg Config
+	log *slog.Logger
+	// db serves the groups' own reads, advDB the advance's (fair.go);
+	// slowReads holds a token for each connection of db a slow group
+	// holds.
+	db, advDB *sql.DB
+	slowReads chan struct{}
+	store     cvrStore
+	owners    cvrOwners        // nil: CVRs in memory
+	purger    *cvrstore.Purger // nil: no garbage collection
+	auth      *auth.Verifier   // nil: no key configured
+	api       *appapi.Client   // nil: no query or mutate URL configured
+	metrics   *metrics
+	inspect   inspectStats
+	// stmts and advStmts keep db's and advDB's prepared statements for
+	// the views' reads.
+	stmts, advStmts *zql.StmtCache
 	// views are the views that groups running the same query share.
 	views sharedViews
 	// bg tracks the groups' pushers, which closeAll waits for.
@@ -322,7 +329,13 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open replica: %w", err)
 	}
-	db.SetMaxOpenConns(DefaultReadConns)
+	db.SetMaxOpenConns(groupReadConns)
+	advDB, err := sql.Open("sqlite", "file:"+cfg.ReplicaFile+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open replica: %w", err)
+	}
+	advDB.SetMaxOpenConns(DefaultReadConns)
 	log := cfg.Logger.With(logkey.Component, "view-syncer")
 	var store cvrStore = cvrstore.NewMem()
 	var owners cvrOwners
@@ -340,6 +353,9 @@ func New(cfg Config) (*Server, error) {
 		log:            log,
 		db:             db,
 		stmts:          zql.NewStmtCache(db, 0),
+		advStmts:       zql.NewStmtCache(advDB, 0),
+		advDB:          advDB,
+		slowReads:      make(chan struct{}, slowReadConns),
 		store:          store,
 		owners:         owners,
 		purger:         purger,
@@ -355,7 +371,9 @@ func New(cfg Config) (*Server, error) {
 }
 
 // Close releases the replica connections.
-func (s *Server) Close() error { return errors.Join(s.stmts.Close(), s.db.Close()) }
+func (s *Server) Close() error {
+	return errors.Join(s.stmts.Close(), s.advStmts.Close(), s.db.Close(), s.advDB.Close())
+}
 
 // Patterns are the http.ServeMux patterns to mount Handler on: zero-cache's
 // [/<base>]/sync/v<N>/<action> (docs/protocol.md §2.1).
@@ -399,7 +417,7 @@ func (s *Server) Run(ctx context.Context) error {
 		// while the snapshot begins, and must not wait for the pool too.
 		var conn *sql.Conn
 		if s.cfg.Replica.State().Watermark != "" {
-			c, err := s.db.Conn(ctx)
+			c, err := s.advDB.Conn(ctx)
 			if err != nil && ctx.Err() == nil {
 				s.log.Warn("take a replica connection", "err", err)
 			}
@@ -518,8 +536,8 @@ func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *cha
 	}
 }
 
-// maxAdvanceWorkers bounds the groups advanced at once, leaving read
-// connections for the clients' own hydrations.
+// maxAdvanceWorkers bounds the groups advanced at once; with the Run
+// loop's next snapshot, they stay within DefaultReadConns.
 const maxAdvanceWorkers = DefaultReadConns / 2
 
 // maxAdvancing bounds the groups whose advance is under way at once, most
@@ -648,6 +666,8 @@ type snapshot struct {
 	// yield, if not nil, lends the snapshot to the next group's advance:
 	// called once the group reads it no more (advanceGroups).
 	yield func()
+	// release, if not nil, gives back a slow group's read token.
+	release func()
 }
 
 // querier is what the views read tx through: with the pool's cached
@@ -664,12 +684,16 @@ func (sn *snapshot) close() {
 	if sn.conn != nil {
 		_ = sn.conn.Close()
 	}
+	if sn.release != nil {
+		sn.release()
+		sn.release = nil
+	}
 }
 
 // openSnapshotLike opens another read transaction at like's watermark,
 // sharing its schema and rules; nil means the replica is past it already.
 func (s *Server) openSnapshotLike(ctx context.Context, like *snapshot) (*snapshot, error) {
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	tx, err := s.advDB.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("begin replica read: %w", err)
 	}
@@ -679,7 +703,7 @@ func (s *Server) openSnapshotLike(ctx context.Context, like *snapshot) (*snapsho
 		return nil, err
 	}
 	sn := *like
-	sn.tx, sn.conn = tx, nil
+	sn.tx, sn.conn, sn.release = tx, nil, nil
 	return &sn, nil
 }
 
@@ -720,7 +744,11 @@ func (s *Server) beginSnapshot(ctx context.Context, conn *sql.Conn) (*snapshot, 
 		_ = tx.Rollback()
 		return nil, nil
 	}
-	return &snapshot{tx: tx, conn: conn, stmts: s.stmts, version: st.Watermark, replicaVersion: st.ReplicaVersion, from: st.Watermark}, nil
+	stmts := s.stmts
+	if conn != nil {
+		stmts = s.advStmts // the advance's own connection (Run)
+	}
+	return &snapshot{tx: tx, conn: conn, stmts: stmts, version: st.Watermark, replicaVersion: st.ReplicaVersion, from: st.Watermark}, nil
 }
 
 // finishSnapshot loads the schema and read rules at snap, or closes it.

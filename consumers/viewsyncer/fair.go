@@ -1,0 +1,202 @@
+package viewsyncer
+
+import (
+	"context"
+	"time"
+
+	"github.com/jetsync/jetsync/consumers/cvrstore"
+)
+
+// Fairness between groups (issue 15, point 1). A group's config change
+// hydrates under its lock, on a read connection of its own, for as long
+// as its queries take. Three things keep that from holding up the others:
+//
+//   - The replica's advance reads from its own connections (Server.advDB),
+//     so no hydration can leave it waiting for the pool.
+//   - The advance does not wait for a busy group: it leaves the changes
+//     with the group (pendingAdvance), which applies them once free, from
+//     its own watermark, instead of re-hydrating.
+//   - A group whose last sync was slow may hold only one of
+//     slowReadConns connections of the groups' pool; the rest stay free
+//     for the other groups, and for new connections.
+//
+// The Go scheduler shares the CPU between the hydrations that run: a
+// light query next to heavy ones takes its share, not its turn.
+
+// Read connections.
+const (
+	// groupReadConns is the size of the pool the groups read from for
+	// their own syncs: at most one connection per group at a time, since
+	// every read happens under the group's lock.
+	groupReadConns = 2 * DefaultReadConns
+	// slowReadConns bounds the connections of that pool that slow groups
+	// hold at once.
+	slowReadConns = DefaultReadConns / 2
+	// slowSync is how long a config sync may take before its group
+	// counts as slow, until a sync of it is quick again.
+	slowSync = 250 * time.Millisecond
+	// maxPendingRows bounds the changes a busy group keeps; past it the
+	// group re-hydrates when free.
+	maxPendingRows = 100_000
+)
+
+// pendingAdvance is what the advance left with a group it found busy:
+// the replica's changes from state version from to to; nil changed means
+// that they cannot be followed, and the group must re-hydrate.
+type pendingAdvance struct {
+	from, to string
+	changed  *changeSet
+}
+
+// deferAdvance keeps an advance's changes for g, which was busy; g applies them
+// when free (catchUp).
+func (g *group) deferAdvance(from, to string, changed *changeSet) {
+	g.pendMu.Lock()
+	defer g.pendMu.Unlock()
+	p := g.pend
+	switch {
+	case p == nil:
+		p = &pendingAdvance{from: from, to: to}
+		if changed != nil {
+			p.changed = &changeSet{tables: map[string]bool{}}
+		}
+		g.pend = p
+	case p.to != from:
+		// A gap: the group missed an advance (it was loaded meanwhile).
+		p.changed = nil
+	}
+	p.to = to
+	if changed == nil || p.changed == nil {
+		p.changed = nil
+		return
+	}
+	for t := range changed.tables {
+		p.changed.tables[t] = true
+	}
+	p.changed.rows = append(p.changed.rows, changed.rows...)
+	if len(p.changed.rows) > maxPendingRows {
+		p.changed = nil
+	}
+}
+
+// hasPending reports whether an advance left changes with g.
+func (g *group) hasPending() bool {
+	g.pendMu.Lock()
+	defer g.pendMu.Unlock()
+	return g.pend != nil
+}
+
+// takePending merges what the advance left with g into a sync's changes,
+// which lead from state version from to to; g's pipelines are at state
+// version at. It returns the changes to apply and where they start. g's
+// lock is held.
+func (g *group) takePending(from, to, at string, changed *changeSet) (string, *changeSet) {
+	g.pendMu.Lock()
+	defer g.pendMu.Unlock()
+	p := g.pend
+	switch {
+	case p == nil:
+		return from, changed
+	case changed == nil:
+		// Re-hydrating anyway, at a snapshot no older than the changes
+		// left: they are covered.
+		if p.to <= to {
+			g.pend = nil
+		}
+		return from, nil
+	case p.to == to && p.from <= at:
+		// The changes left end where this sync does: they include its
+		// own (an advance that found g busy, then free).
+		g.pend = nil
+		return p.from, p.changed
+	case p.to == from && p.from <= at:
+		g.pend = nil
+		if p.changed == nil {
+			return p.from, nil
+		}
+		merged := &changeSet{tables: p.changed.tables, rows: p.changed.rows}
+		for t := range changed.tables {
+			merged.tables[t] = true
+		}
+		merged.rows = append(merged.rows, changed.rows...)
+		return p.from, merged
+	case p.to <= at:
+		g.pend = nil // stale: the group is past them
+	}
+	return from, changed
+}
+
+// unlockAndCatchUp lets go of g's lock; if an advance left changes with g
+// meanwhile, g applies them in the background.
+func (g *group) unlockAndCatchUp() {
+	g.mu.Unlock()
+	if g.hasPending() && g.catchingUp.CompareAndSwap(false, true) {
+		go g.catchUp()
+	}
+}
+
+// catchUp applies what the advance left with g, when the replica is still
+// where the advance left it; when it moved on, the next advance brings
+// the rest and applies all of it.
+func (g *group) catchUp() {
+	defer g.catchingUp.Store(false)
+	defer g.contain("catch-up")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pendMu.Lock()
+	p := g.pend
+	g.pendMu.Unlock()
+	if p == nil || g.unloaded || g.cvr == nil || !g.hasReady() {
+		return
+	}
+	if p.to <= cvrstore.StateOf(g.cvr.Version) {
+		g.takePending(p.to, p.to, p.to, nil)
+		return
+	}
+	snap, err := g.openSnapshot(ctx)
+	if err != nil || snap == nil {
+		return
+	}
+	defer snap.close()
+	if snap.version != p.to {
+		return // the next advance carries on from p.to
+	}
+	g.transformPending(ctx)
+	err = g.syncAt(ctx, snap)
+	if err == nil {
+		g.cc.SetRetransformReady(true)
+	} else if ctx.Err() == nil {
+		g.log.Error("catch up group", "err", err)
+	}
+	g.dropIfBroken()
+}
+
+// openSnapshot opens a snapshot for g's own sync, from the groups' pool:
+// a slow group waits for one of slowReadConns first.
+func (g *group) openSnapshot(ctx context.Context) (*snapshot, error) {
+	var release func()
+	if g.slow.Load() {
+		select {
+		case g.s.slowReads <- struct{}{}:
+			release = func() { <-g.s.slowReads }
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	snap, err := g.s.openSnapshot(ctx)
+	if snap == nil && release != nil {
+		release()
+	} else if snap != nil {
+		snap.release = release
+	}
+	return snap, err
+}
+
+// timeSync records how long a config sync of g took: a slow one makes g
+// slow for its next reads.
+func (g *group) timeSync(d time.Duration) {
+	g.syncTime += d
+	g.slow.Store(d > slowSync)
+}

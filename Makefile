@@ -207,9 +207,9 @@ fuzz:
 		done; \
 	done
 
-# soak runs the long tests, named Soak*; none exist yet.
+# soak runs the long tests, named Soak*, which skip without JETSYNC_SOAK.
 soak: build
-	JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -run 'Soak' -timeout 60m $(ALL_PKGS)
+	JETSYNC_SOAK=1 JETSYNC_BIN=$(CURDIR)/$(BIN) $(GO) test -p 1 -count=1 -run 'Soak' -timeout 60m $(ALL_PKGS)
 
 clean:
 	rm -rf bin

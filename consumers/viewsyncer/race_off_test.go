@@ -1,0 +1,5 @@
+//go:build !race
+
+package viewsyncer
+
+const raceOn = false

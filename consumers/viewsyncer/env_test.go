@@ -148,7 +148,10 @@ func newEnv(t testing.TB, o envOptions) *env {
 		}
 	})
 	e.use(e.startSyncer("vs-a", o))
-	e.waitWM(e.wm)
+	// A large seed takes its time to apply.
+	polltest.Until(t, 10*time.Second+time.Duration(o.issues)*time.Millisecond/2, "the initial sync", func() bool {
+		return e.cons.State().Watermark == e.wm
+	})
 	return e
 }
 

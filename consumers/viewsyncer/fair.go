@@ -18,7 +18,8 @@ import (
 //     its own watermark, instead of re-hydrating.
 //   - A group whose last sync was slow may hold only one of
 //     slowReadConns connections of the groups' pool; the rest stay free
-//     for the other groups, and for new connections.
+//     for the other groups, and for new connections. The advance takes
+//     slow groups last.
 //
 // The Go scheduler shares the CPU between the hydrations that run: a
 // light query next to heavy ones takes its share, not its turn.
@@ -32,8 +33,8 @@ const (
 	// slowReadConns bounds the connections of that pool that slow groups
 	// hold at once.
 	slowReadConns = DefaultReadConns / 2
-	// slowSync is how long a config sync may take before its group
-	// counts as slow, until a sync of it is quick again.
+	// slowSync is how long a sync may take before its group counts as
+	// slow, until a config sync of it is quick again.
 	slowSync = 250 * time.Millisecond
 	// maxPendingRows bounds the changes a busy group keeps; past it the
 	// group re-hydrates when free.

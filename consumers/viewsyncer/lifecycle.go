@@ -90,7 +90,11 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 	}
 	start := time.Now()
 	defer func() { g.s.metrics.advanceTime.Observe(time.Since(start).Seconds()) }()
+	syncStart := time.Now()
 	err := g.sync(ctx, snap, changed)
+	if d := time.Since(syncStart); d > slowSync {
+		g.slow.Store(true)
+	}
 	if err == nil {
 		// The pipelines are synced: background retransforms may run.
 		g.cc.SetRetransformReady(true)

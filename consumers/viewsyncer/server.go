@@ -489,6 +489,8 @@ func traceAdvance(ctx context.Context, u replicator.Update) (context.Context, tr
 // rather than taking turns. It closes snap.
 func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *changeSet) {
 	groups := s.groupList()
+	// Slow groups last: the others are not left waiting for a worker.
+	sort.SliceStable(groups, func(i, j int) bool { return !groups[i].slow.Load() && groups[j].slow.Load() })
 	snaps := []*snapshot{snap}
 	workers := min(len(groups), runtime.GOMAXPROCS(0), maxAdvanceWorkers)
 	for len(snaps) < workers {

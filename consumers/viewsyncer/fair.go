@@ -138,9 +138,24 @@ func (g *group) unlockAndCatchUp() {
 
 // catchUp applies what the advance left with g, when the replica is still
 // where the advance left it; when it moved on, the next advance brings
-// the rest and applies all of it.
+// the rest and applies all of it. An advance that found g busy with the
+// catch-up itself has it run again.
 func (g *group) catchUp() {
-	defer g.catchingUp.Store(false)
+	for {
+		seen := g.catchUpOnce()
+		g.catchingUp.Store(false)
+		g.pendMu.Lock()
+		again := g.pend != nil && g.pend.to != seen
+		g.pendMu.Unlock()
+		if !again || !g.catchingUp.CompareAndSwap(false, true) {
+			return
+		}
+	}
+}
+
+// catchUpOnce is one try of catchUp; it returns the end of the changes it
+// found.
+func (g *group) catchUpOnce() (seen string) {
 	defer g.contain("catch-up")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -149,20 +164,23 @@ func (g *group) catchUp() {
 	g.pendMu.Lock()
 	p := g.pend
 	g.pendMu.Unlock()
-	if p == nil || g.unloaded || g.cvr == nil || !g.hasReady() {
-		return
+	if p == nil {
+		return ""
+	}
+	if g.unloaded || g.cvr == nil || !g.hasReady() {
+		return p.to
 	}
 	if p.to <= cvrstore.StateOf(g.cvr.Version) {
 		g.takePending(p.to, p.to, p.to, nil)
-		return
+		return p.to
 	}
 	snap, err := g.openSnapshot(ctx)
 	if err != nil || snap == nil {
-		return
+		return p.to
 	}
 	defer snap.close()
 	if snap.version != p.to {
-		return // the next advance carries on from p.to
+		return p.to // the next advance carries on from p.to
 	}
 	g.transformPending(ctx)
 	err = g.syncAt(ctx, snap)
@@ -172,6 +190,7 @@ func (g *group) catchUp() {
 		g.log.Error("catch up group", "err", err)
 	}
 	g.dropIfBroken()
+	return p.to
 }
 
 // openSnapshot opens a snapshot for g's own sync, from the groups' pool:

@@ -256,3 +256,63 @@ func TestServer_HydrationCancelled(t *testing.T) {
 	again := connect(t, e, dialOpts{group: "leaver", client: "c2", init: initFrame(testSchema, put("one", `{"table":"user","orderBy":[["id","asc"]],"limit":1}`, 0))})
 	again.hydrated()
 }
+
+// TestServer_AdvanceSkipsBusyGroup holds one group's lock, as a long
+// hydration does: the other group's updates keep coming, and the busy
+// group, once free, catches up from its own watermark with the changes
+// it missed, without re-hydrating.
+func TestServer_AdvanceSkipsBusyGroup(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 50})
+	one := func(id string) string {
+		return `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"op":"=","right":{"type":"literal","value":"` + id + `"}}}`
+	}
+	busy := connect(t, e, dialOpts{group: "a-busy", client: "c1", init: initFrame(testSchema, put("mine", one("i0000001"), 0))})
+	busy.hydrated()
+	other := connect(t, e, dialOpts{group: "b-other", client: "c1", init: initFrame(testSchema, put("mine", one("i0000002"), 0))})
+	other.hydrated()
+	e.srv.mu.Lock()
+	g := e.srv.groups["a-busy"]
+	e.srv.mu.Unlock()
+	hydrations := counterValue(t, e.srv.metrics.hydrations)
+
+	g.mu.Lock()
+	held := true
+	t.Cleanup(func() {
+		if held {
+			g.mu.Unlock() // let the server stop after a failure
+		}
+	})
+	for k := range 3 {
+		e.execSQL(fmt.Sprintf("UPDATE issue SET title = 'busy %d' WHERE id = 'i0000001'", k))
+		e.execSQL(fmt.Sprintf("UPDATE issue SET title = 'other %d' WHERE id = 'i0000002'", k))
+		waitFrame(t, other, fmt.Sprintf(`"title":"other %d"`, k), 5*time.Second)
+	}
+	held = false
+	g.unlockAndCatchUp()
+	p := waitPatch(busy, `"title":"busy 2"`)
+	if n := countPrefix(p, "row "); n != 1 {
+		t.Errorf("the busy group's catch-up poke carries %d rows (%v); want its one row", n, p.patches)
+	}
+	if got := counterValue(t, e.srv.metrics.hydrations) - hydrations; got != 0 {
+		t.Errorf("the busy group re-hydrated %v queries to catch up; want it to apply the changes it missed", got)
+	}
+	// And it follows the replica again.
+	e.execSQL("UPDATE issue SET title = 'after' WHERE id = 'i0000001'")
+	waitPatch(busy, `"title":"after"`)
+}
+
+// waitFrame reads c's frames until one contains want, failing after d.
+func waitFrame(t *testing.T, c *tc, want string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	_ = c.ws.SetReadDeadline(deadline)
+	for {
+		_, data, err := c.ws.ReadMessage()
+		if err != nil {
+			t.Fatalf("waiting %v for a frame with %s: %v", d, want, err)
+		}
+		if strings.Contains(string(data), want) {
+			return
+		}
+	}
+}

@@ -2,6 +2,7 @@ package viewsyncer
 
 import (
 	"context"
+	"runtime"
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/cvrstore"
@@ -22,7 +23,10 @@ import (
 //     slow groups last.
 //
 // The Go scheduler shares the CPU between the hydrations that run: a
-// light query next to heavy ones takes its share, not its turn.
+// light query next to heavy ones takes its share, not its turn. A sync
+// that has run for slowSync hydrates its further queries one at a time,
+// taking turns with the other long syncs for heavyHydrations slots, so
+// that the heavy work leaves most of the CPU to everything else.
 
 // Read connections.
 const (
@@ -213,6 +217,25 @@ func (g *group) openSnapshot(ctx context.Context) (*snapshot, error) {
 	}
 	return snap, err
 }
+
+// hydrationTurn waits, for a sync that began at start and has run past
+// slowSync, for one of the slots long syncs hydrate in, one query a turn;
+// done gives it back. Waiters are served in order.
+func (s *Server) hydrationTurn(ctx context.Context, start time.Time) (done func(), err error) {
+	if start.IsZero() || time.Since(start) < slowSync {
+		return func() {}, nil
+	}
+	select {
+	case s.heavyTurns <- struct{}{}:
+		return func() { <-s.heavyTurns }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// heavyHydrations is how many queries of long syncs hydrate at once: half
+// the CPUs, at least one.
+func heavyHydrations() int { return max(1, runtime.GOMAXPROCS(0)/2) }
 
 // timeSync records how long a config sync of g took: a slow one makes g
 // slow for its next reads.

@@ -50,6 +50,12 @@ func runHeavyNeighbours(t *testing.T, sc heavyScene) heavyResult {
 		"lock": raw(true), "hash": raw("h"), "permissions": json.RawMessage(rules(map[string]string{
 			"issue": anyoneCan, "user": anyoneCan, "label": anyoneCan, "issue_label": anyoneCan}))}})
 
+	var issues, comments int
+	if err := e.srv.db.QueryRow(`SELECT (SELECT count(*) FROM issue), (SELECT count(*) FROM comment)`).Scan(&issues, &comments); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("replica: %d issues (allowed), %d comments (denied)", issues, comments)
+
 	watch := connect(t, e, dialOpts{group: "zz-watcher", client: "w1",
 		init: initFrame(testSchema, put("mine", `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"op":"=","right":{"type":"literal","value":"i0000001"}}}`, 0))})
 	watch.hydrated()
@@ -166,7 +172,7 @@ func runHeavyNeighbours(t *testing.T, sc heavyScene) heavyResult {
 				if got == v {
 					break wait
 				}
-			case <-time.After(20 * time.Second):
+			case <-time.After(3 * time.Minute):
 				t.Fatalf("update %d never reached the watcher", v)
 			}
 		}

@@ -126,6 +126,9 @@ type update struct {
 	// stream, when not nil, sends row puts to the connections at From
 	// while the update is built (pokeStream).
 	stream *pokeStream
+	// start is when its sync began: a long one hydrates in turns
+	// (Server.hydrationTurn).
+	start time.Time
 }
 
 // beginConfig starts a config-driven update (cvrstore.CVR.BeginConfig).
@@ -192,7 +195,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		changed = nil
 	}
 	g.countReset(snap, changed == nil)
-	u := &update{Update: g.cvr.BeginQuery(snap.version)}
+	u := &update{Update: g.cvr.BeginQuery(snap.version), start: time.Now()}
 	u.Compare = changed == nil
 	u.stream = g.newPokeStream(u)
 	defer func() {

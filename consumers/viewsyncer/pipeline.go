@@ -133,6 +133,11 @@ func (g *group) removePipeline(u *update, p *pipeline) {
 // result.
 // Rows are taken, and streamed, as the evaluation brings them.
 func (g *group) hydrate(ctx context.Context, u *update, snap *snapshot, p *pipeline) error {
+	done, err := g.s.hydrationTurn(ctx, u.start)
+	if err != nil {
+		return err
+	}
+	defer done()
 	if p.shared != nil {
 		// Hydrating resets a view: never a shared one.
 		p.shared, p.view = nil, p.query.NewView()

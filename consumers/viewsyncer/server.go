@@ -267,13 +267,15 @@ type Server struct {
 	// holds.
 	db, advDB *sql.DB
 	slowReads chan struct{}
-	store     cvrStore
-	owners    cvrOwners        // nil: CVRs in memory
-	purger    *cvrstore.Purger // nil: no garbage collection
-	auth      *auth.Verifier   // nil: no key configured
-	api       *appapi.Client   // nil: no query or mutate URL configured
-	metrics   *metrics
-	inspect   inspectStats
+	// heavyTurns holds a token for each query of a long sync hydrating.
+	heavyTurns chan struct{}
+	store      cvrStore
+	owners     cvrOwners        // nil: CVRs in memory
+	purger     *cvrstore.Purger // nil: no garbage collection
+	auth       *auth.Verifier   // nil: no key configured
+	api        *appapi.Client   // nil: no query or mutate URL configured
+	metrics    *metrics
+	inspect    inspectStats
 	// stmts and advStmts keep db's and advDB's prepared statements for
 	// the views' reads.
 	stmts, advStmts *zql.StmtCache
@@ -356,6 +358,7 @@ func New(cfg Config) (*Server, error) {
 		advStmts:       zql.NewStmtCache(advDB, 0),
 		advDB:          advDB,
 		slowReads:      make(chan struct{}, slowReadConns),
+		heavyTurns:     make(chan struct{}, heavyHydrations()),
 		store:          store,
 		owners:         owners,
 		purger:         purger,

@@ -148,7 +148,7 @@ func runHeavyNeighbours(t *testing.T, sc heavyScene) heavyResult {
 			return
 		}
 		defer ws.Close()
-		_ = ws.SetReadDeadline(time.Now().Add(time.Minute))
+		_ = ws.SetReadDeadline(time.Now().Add(5 * time.Minute))
 		for ends := 0; ends < 2; {
 			_, data, err := ws.ReadMessage()
 			if err != nil {
@@ -182,7 +182,8 @@ func runHeavyNeighbours(t *testing.T, sc heavyScene) heavyResult {
 	res.heavyDone = len(done)
 	mu.Unlock()
 	if err := <-newcomer; err != nil {
-		t.Fatalf("a new client: %v", err)
+		t.Errorf("a new client: %v", err)
+		res.connect = -1
 	}
 	t.Logf("watcher latency over %d updates: p50 %v, p99 %v, max %v; a new client hydrated in %v; heavy sockets done: %d of %d",
 		len(res.latencies), res.quantile(0.5), res.quantile(0.99), res.quantile(1), res.connect, res.heavyDone, sc.sockets)

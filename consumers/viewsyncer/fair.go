@@ -46,42 +46,64 @@ const (
 )
 
 // pendingAdvance is what the advance left with a group it found busy:
-// the replica's changes from state version from to to; nil changed means
+// the replica's changes from state version from to to, as the advances
+// reported them (shared with the other groups, not copied); reset means
 // that they cannot be followed, and the group must re-hydrate.
 type pendingAdvance struct {
 	from, to string
-	changed  *changeSet
+	parts    []*changeSet
+	rows     int
+	reset    bool
 }
 
-// deferAdvance keeps an advance's changes for g, which was busy; g applies them
-// when free (catchUp).
+// deferAdvance keeps an advance's changes for g, which was busy; g
+// applies them when free (catchUp).
 func (g *group) deferAdvance(from, to string, changed *changeSet) {
 	g.pendMu.Lock()
 	defer g.pendMu.Unlock()
 	p := g.pend
 	switch {
 	case p == nil:
-		p = &pendingAdvance{from: from, to: to}
-		if changed != nil {
-			p.changed = &changeSet{tables: map[string]bool{}}
-		}
+		p = &pendingAdvance{from: from}
 		g.pend = p
 	case p.to != from:
 		// A gap: the group missed an advance (it was loaded meanwhile).
-		p.changed = nil
+		p.reset = true
 	}
 	p.to = to
-	if changed == nil || p.changed == nil {
-		p.changed = nil
+	if changed == nil {
+		p.reset = true
+	}
+	if p.reset {
+		p.parts, p.rows = nil, 0
 		return
 	}
-	for t := range changed.tables {
-		p.changed.tables[t] = true
+	p.parts = append(p.parts, changed)
+	p.rows += len(changed.rows)
+	if p.rows > maxPendingRows {
+		p.reset = true
+		p.parts, p.rows = nil, 0
 	}
-	p.changed.rows = append(p.changed.rows, changed.rows...)
-	if len(p.changed.rows) > maxPendingRows {
-		p.changed = nil
+}
+
+// merged is p's changes and then more's, in one change set; nil if p
+// must re-hydrate.
+func (p *pendingAdvance) merged(more *changeSet) *changeSet {
+	if p.reset {
+		return nil
 	}
+	parts := p.parts
+	if more != nil {
+		parts = append(parts[:len(parts):len(parts)], more)
+	}
+	cs := &changeSet{tables: map[string]bool{}}
+	for _, part := range parts {
+		for t := range part.tables {
+			cs.tables[t] = true
+		}
+		cs.rows = append(cs.rows, part.rows...)
+	}
+	return cs
 }
 
 // hasPending reports whether an advance left changes with g.
@@ -113,18 +135,10 @@ func (g *group) takePending(from, to, at string, changed *changeSet) (string, *c
 		// The changes left end where this sync does: they include its
 		// own (an advance that found g busy, then free).
 		g.pend = nil
-		return p.from, p.changed
+		return p.from, p.merged(nil)
 	case p.to == from && p.from <= at:
 		g.pend = nil
-		if p.changed == nil {
-			return p.from, nil
-		}
-		merged := &changeSet{tables: p.changed.tables, rows: p.changed.rows}
-		for t := range changed.tables {
-			merged.tables[t] = true
-		}
-		merged.rows = append(merged.rows, changed.rows...)
-		return p.from, merged
+		return p.from, p.merged(changed)
 	case p.to <= at:
 		g.pend = nil // stale: the group is past them
 	}

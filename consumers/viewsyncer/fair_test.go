@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/jetsync/jetsync/consumers/zql"
 	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/streams"
 )
@@ -322,4 +323,76 @@ func waitFrame(t *testing.T, c *tc, want string, d time.Duration) {
 			return
 		}
 	}
+}
+
+// TestPendingAdvance follows what the advance leaves a busy group, and
+// what the group's next sync makes of it.
+func TestPendingAdvance(t *testing.T) {
+	cs := func(table string, n int) *changeSet {
+		c := &changeSet{tables: map[string]bool{table: true}}
+		for range n {
+			c.rows = append(c.rows, zql.Change{Table: table})
+		}
+		return c
+	}
+	t.Run("merged in order, from the group's watermark", func(t *testing.T) {
+		g := &group{}
+		g.deferAdvance("02", "03", cs("a", 1))
+		g.deferAdvance("03", "04", cs("b", 2))
+		from, got := g.takePending("04", "05", "02", cs("c", 3))
+		if from != "02" || got == nil || len(got.rows) != 6 || !got.tables["a"] || !got.tables["b"] || !got.tables["c"] {
+			t.Fatalf("took from %q %+v; want from 02, 6 rows of a, b, c", from, got)
+		}
+		if got.rows[0].Table != "a" || got.rows[5].Table != "c" {
+			t.Errorf("rows out of order: %+v", got.rows)
+		}
+		if g.hasPending() {
+			t.Error("pending changes left after they were taken")
+		}
+	})
+	t.Run("an advance that found the group busy, then free", func(t *testing.T) {
+		g := &group{}
+		g.deferAdvance("02", "03", cs("a", 1))
+		own := cs("b", 1)
+		g.deferAdvance("03", "04", own)
+		if from, got := g.takePending("03", "04", "02", own); from != "02" || got == nil || len(got.rows) != 2 {
+			t.Fatalf("took from %q %+v; want from 02, 2 rows", from, got)
+		}
+	})
+	t.Run("a gap re-hydrates", func(t *testing.T) {
+		g := &group{}
+		g.deferAdvance("02", "03", cs("a", 1))
+		g.deferAdvance("05", "06", cs("b", 1))
+		if from, got := g.takePending("06", "07", "02", cs("c", 1)); from != "02" || got != nil {
+			t.Fatalf("took from %q %+v; want a re-hydration from 02", from, got)
+		}
+	})
+	t.Run("too many rows re-hydrate", func(t *testing.T) {
+		g := &group{}
+		g.deferAdvance("02", "03", cs("a", maxPendingRows))
+		g.deferAdvance("03", "04", cs("a", 1))
+		if _, got := g.takePending("04", "04", "02", &changeSet{tables: map[string]bool{}}); got != nil {
+			t.Fatalf("took %d rows; want a re-hydration", len(got.rows))
+		}
+	})
+	t.Run("changes the group is past are dropped", func(t *testing.T) {
+		g := &group{}
+		g.deferAdvance("02", "03", cs("a", 1))
+		if from, got := g.takePending("05", "06", "04", cs("b", 1)); from != "05" || got == nil || len(got.rows) != 1 {
+			t.Fatalf("took from %q %+v; want this sync's own change alone", from, got)
+		}
+		if g.hasPending() {
+			t.Error("stale changes kept")
+		}
+	})
+	t.Run("changes ahead of the sync wait", func(t *testing.T) {
+		g := &group{}
+		g.deferAdvance("02", "04", cs("a", 1))
+		if from, got := g.takePending("02", "02", "02", &changeSet{tables: map[string]bool{}}); from != "02" || got == nil || len(got.rows) != 0 {
+			t.Fatalf("took from %q %+v; want nothing taken", from, got)
+		}
+		if !g.hasPending() {
+			t.Error("changes ahead of the sync were dropped")
+		}
+	})
 }

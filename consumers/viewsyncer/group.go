@@ -182,7 +182,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 	at := cvrstore.StateOf(g.cvr.Version)
 	from, changed := g.takePending(snap.from, snap.version, at, changed)
 	if changed != nil && at < from {
-		// The pipelines missed changes before snap.from.
+		// The pipelines missed changes before from.
 		changed = nil
 	}
 	if rv := g.cvr.ReplicaVersion; rv != "" && snap.replicaVersion != rv {

@@ -200,7 +200,6 @@ func (g *group) catchUpOnce() (seen string) {
 	if snap.version != p.to {
 		return p.to // the next advance carries on from p.to
 	}
-	g.transformPending(ctx)
 	err = g.syncAt(ctx, snap)
 	if err == nil {
 		g.cc.SetRetransformReady(true)

@@ -40,9 +40,12 @@ const (
 	// From cautionFraction, hydrations of new queries run one at a time,
 	// each admitted on a fresh reading: the ones in flight when the
 	// pressure rises would otherwise overshoot it together.
-	cautionFraction = 0.40
-	shedFraction    = 0.75
-	dropFraction    = 0.90
+	// A hydration admitted just under shedFraction may still add tens of
+	// MiB (a 200 MiB ceiling was overshot by 11 MiB at 0.75), so the
+	// thresholds leave that much below the ceiling.
+	cautionFraction = 0.30
+	shedFraction    = 0.60
+	dropFraction    = 0.85
 	// memorySample is how often the memory monitor reads the process's
 	// resident size.
 	memorySample = 50 * time.Millisecond
@@ -84,6 +87,9 @@ type admission struct {
 	// hydrating is held by the one hydration of new queries that runs
 	// under caution (admitHydration).
 	hydrating sync.Mutex
+	// inflight holds a token for each hydration of new queries running
+	// under a memory limit (admitHydration).
+	inflight chan struct{}
 }
 
 func (a *admission) pressure() pressure { return pressure(a.level.Load()) }
@@ -370,8 +376,10 @@ func (g *group) desiredAfter(clientID string, ops []queryPatchOp, clock float64)
 var errLowMemory = overloaded("Server is low on memory: new queries are refused for now")
 
 // admitHydration admits the hydration of new queries: refused under
-// pressure, one at a time under caution, each on a fresh reading of the
-// resident size.
+// pressure; under a memory limit, at most GOMAXPROCS at once, since a
+// burst admitted together while the resident size was low would
+// overshoot the limit together; and one at a time under caution, each on
+// a fresh reading of the resident size.
 func (s *Server) admitHydration() (release func(), perr *protocolError) {
 	limit := s.cfg.MemoryLimit
 	refuse := func() (func(), *protocolError) {
@@ -381,13 +389,19 @@ func (s *Server) admitHydration() (release func(), perr *protocolError) {
 	if s.adm.pressure() >= pressureShed {
 		return refuse()
 	}
-	if limit <= 0 || float64(residentBytes()) < cautionFraction*float64(limit) {
+	if limit <= 0 {
 		return func() {}, nil
+	}
+	s.adm.inflight <- struct{}{}
+	leave := func() { <-s.adm.inflight }
+	if float64(residentBytes()) < cautionFraction*float64(limit) {
+		return leave, nil
 	}
 	s.adm.hydrating.Lock()
 	if levelAt(residentBytes(), limit) >= pressureShed {
 		s.adm.hydrating.Unlock()
+		leave()
 		return refuse()
 	}
-	return s.adm.hydrating.Unlock, nil
+	return func() { s.adm.hydrating.Unlock(); leave() }, nil
 }

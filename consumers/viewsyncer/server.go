@@ -370,6 +370,7 @@ func New(cfg Config) (*Server, error) {
 		permsTable:     replica.TableName(cfg.Shard.App, "permissions"),
 		groups:         map[string]*group{},
 		dropping:       map[string]chan struct{}{},
+		adm:            admission{inflight: make(chan struct{}, runtime.GOMAXPROCS(0))},
 	}, nil
 }
 

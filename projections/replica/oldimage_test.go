@@ -161,24 +161,7 @@ func (l *changeLog) TableChanged(string)            {}
 func applyImages(t *testing.T, changes []streams.Change) ([]replica.RowChange, int) {
 	t.Helper()
 	ctx := context.Background()
-	db := openDB(t)
-	a := replica.NewApplier()
-	spec := imageSpec
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []streams.Part{
-		{Watermark: "0a", Num: 0, Changes: []streams.Change{{Op: streams.OpReset, Reset: &streams.Reset{ReplicaVersion: "0a", Publications: []string{"p"}, SystemID: "1", Slot: "s"}}}},
-		{Watermark: "0a", Num: 1, Last: true, Changes: []streams.Change{{Op: streams.OpCreateTable, Spec: &spec}}},
-	} {
-		if err := a.Apply(ctx, tx, "public", "thing", &p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	db, a := newThingReplica(t)
 	log := &changeLog{}
 	a.Collector = log
 	for i, c := range changes {

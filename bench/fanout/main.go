@@ -140,15 +140,11 @@ func run(o options) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	root, err := os.MkdirTemp("", "jetsync-bench-fanout-")
+	root, cleanup, err := benchenv.TempRoot("fanout", o.keep)
 	if err != nil {
 		return err
 	}
-	if o.keep {
-		fmt.Println("temporary folder:", root)
-	} else {
-		defer os.RemoveAll(root)
-	}
+	defer cleanup()
 	bin, err := benchenv.JetsyncBin(ctx, o.bin, root)
 	if err != nil {
 		return err

@@ -98,16 +98,11 @@ type client struct {
 func run(o options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	root, err := os.MkdirTemp("", "jetsync-bench-slowvs-")
+	root, cleanup, err := benchenv.TempRoot("slowvs", o.keep)
 	if err != nil {
 		return err
 	}
-	if err := os.Chmod(root, 0o711); err != nil {
-		return err
-	}
-	if !o.keep {
-		defer os.RemoveAll(root)
-	}
+	defer cleanup()
 	bin, err := benchenv.JetsyncBin(ctx, o.bin, root)
 	if err != nil {
 		return err

@@ -164,16 +164,11 @@ func run(o options) error {
 		}
 		steps = append(steps, n)
 	}
-	root, err := os.MkdirTemp("", "jetsync-bench-storm-")
+	root, cleanup, err := benchenv.TempRoot("storm", o.keep)
 	if err != nil {
 		return err
 	}
-	if err := os.Chmod(root, 0o711); err != nil {
-		return err
-	}
-	if !o.keep {
-		defer os.RemoveAll(root)
-	}
+	defer cleanup()
 	bin, err := benchenv.JetsyncBin(ctx, o.bin, root)
 	if err != nil {
 		return err

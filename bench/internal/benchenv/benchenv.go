@@ -24,6 +24,25 @@ import (
 	"github.com/jetsync/jetsync/internal/pglocal"
 )
 
+// TempRoot makes a bench's temporary folder, open to the postgres user that
+// runs the upstream when the bench runs as root. cleanup removes it unless
+// keep, in which case its path is printed instead.
+func TempRoot(name string, keep bool) (root string, cleanup func(), err error) {
+	root, err = os.MkdirTemp("", "jetsync-bench-"+name+"-")
+	if err != nil {
+		return "", nil, err
+	}
+	if err := os.Chmod(root, 0o711); err != nil {
+		_ = os.RemoveAll(root)
+		return "", nil, err
+	}
+	if keep {
+		fmt.Println("temporary folder:", root)
+		return root, func() {}, nil
+	}
+	return root, func() { _ = os.RemoveAll(root) }, nil
+}
+
 // JetsyncBin returns path when it exists, else builds ./cmd/jetsync into dir
 // without -race, as make build does.
 func JetsyncBin(ctx context.Context, path, dir string) (string, error) {

@@ -39,10 +39,9 @@ const (
 const (
 	// From cautionFraction, hydrations of new queries run one at a time,
 	// each admitted on a fresh reading: the ones in flight when the
-	// pressure rises would otherwise overshoot it together.
-	// A hydration admitted just under shedFraction may still add tens of
-	// MiB (a 200 MiB ceiling was overshot by 11 MiB at 0.75), so the
-	// thresholds leave that much below the ceiling.
+	// pressure rises would otherwise overshoot it together. A hydration
+	// admitted just under shedFraction still adds what it holds, tens of
+	// MiB for a large one, so shedFraction leaves that much headroom.
 	cautionFraction = 0.30
 	shedFraction    = 0.60
 	dropFraction    = 0.85

@@ -69,6 +69,10 @@ type conn struct {
 	base               string
 	hasBase, everPoked bool
 	ready              bool
+	// handling is set while a message of c's is handled, until its error
+	// (if any) has sent c away: the group's maintenance round leaves c to
+	// its handler meanwhile.
+	handling atomic.Bool
 
 	qmu       sync.Mutex
 	queue     [][]byte
@@ -335,6 +339,8 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 	if c.isClosing() {
 		return false
 	}
+	c.handling.Store(true)
+	defer c.handling.Store(false)
 	var err error
 	switch u.Tag {
 	case tagPing:

@@ -92,6 +92,19 @@ func TestServer_SyncedQueries(t *testing.T) {
 		if len(f.QueryIDs) != 1 || f.QueryIDs[0] != issue4Hash {
 			t.Errorf("queryIDs = %v; want [%s]", f.QueryIDs, issue4Hash)
 		}
+		// The connection sent away transforms no more: a maintenance round
+		// that retried through it would cache an answer the next group
+		// with the same token gets instead of its own transform.
+		time.Sleep(4 * evictInterval)
+		n := 0
+		for _, r := range e.api.reqs("/query") {
+			if strings.Contains(string(r.Body), issue4Hash) {
+				n++
+			}
+		}
+		if n != 4 {
+			t.Errorf("%d transforms of %s; want the 4 attempts of the one that failed", n, issue4Hash)
+		}
 	})
 
 	t.Run("TransformUnauthorized", func(t *testing.T) {

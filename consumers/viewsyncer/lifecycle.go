@@ -136,7 +136,10 @@ func (g *group) pendingRequest(tried map[*conn]bool) (*via, appapi.TransformRequ
 		return nil, appapi.TransformRequest{}, false
 	}
 	for _, c := range g.sortedConns() {
-		if !c.ready || tried[c] {
+		// A connection whose message is being handled transforms through
+		// that handler, and one being sent away (its own transform failed,
+		// say) must not transform again.
+		if !c.ready || tried[c] || c.handling.Load() || c.isClosing() {
 			continue
 		}
 		v, err := g.viaConn(c, false)

@@ -151,18 +151,25 @@ test: deps vet fmt-check test-race test-servers test-e2e
 
 # bench runs the Go benchmarks, every bench/*.sh and bench/*/main.go, and
 # bench-viewsyncer last (it has its own target, and the loop skips it).
+# Each bench reports its issues' aims into BENCH_REPORT (benchenv.Report);
+# bench/summary prints them as one table at the end.
+BENCH_REPORT ?= bin/bench-aims.jsonl
 bench: build
+	@rm -f $(BENCH_REPORT)
 	$(GO) test -p 1 -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 30m $(filter-out %/e2e,$(ALL_PKGS))
-	@set -e; for s in bench/*.sh; do \
+	@set -e; export JETSYNC_BENCH_REPORT=$(CURDIR)/$(BENCH_REPORT); \
+	for s in bench/*.sh; do \
 		[ -f "$$s" ] || continue; echo "== $$s"; bash "$$s"; \
 	done; \
 	for d in bench/*/; do \
-		[ -f "$$d/main.go" ] || continue; [ "$$d" != bench/viewsyncer/ ] || continue; \
+		[ -f "$$d/main.go" ] || continue; \
+		case "$$d" in bench/viewsyncer/|bench/summary/) continue;; esac; \
 		echo "== $$d"; $(GO) run ./$$d; \
-	done
-	@$(MAKE) --no-print-directory bench-viewsyncer
-	@$(MAKE) --no-print-directory bench-crud
-	@$(MAKE) --no-print-directory bench-otel
+	done; \
+	$(MAKE) --no-print-directory bench-viewsyncer; \
+	$(MAKE) --no-print-directory bench-crud; \
+	$(MAKE) --no-print-directory bench-otel
+	@$(GO) run ./bench/summary $(BENCH_REPORT)
 
 # bench-viewsyncer measures the sync server of ./bin/jetsync run against
 # zero-cache 1.9.0's figures on seed.sh 100000: server-side and real-client

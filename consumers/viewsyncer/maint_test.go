@@ -12,24 +12,45 @@ import (
 	"github.com/jetsync/jetsync/streams"
 )
 
+// waitHanging waits until the API server holds a call (hang).
+func (a *apiServer) waitHanging(t *testing.T, what string) {
+	t.Helper()
+	polltest.Until(t, 10*time.Second, what, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.hanging > 0
+	})
+}
+
+// updatesReach retitles an issue the clients' issueQuery holds three
+// times, and checks that each update reaches every client within 3 s.
+func updatesReach(t *testing.T, e *env, clients ...*tc) {
+	t.Helper()
+	for i, title := range []string{"one", "two", "three"} {
+		start := time.Now()
+		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
+		for _, c := range clients {
+			waitPatch(c, `"title":"`+title+`"`)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("update %d reached every client after %v; want within 3s", i, d)
+		}
+	}
+}
+
 // TestServer_SlowAPIServerIsolated hangs the API server for one group's
 // token while that group's revalidation is due: another group's eviction
 // and pokes go on meanwhile.
 func TestServer_SlowAPIServerIsolated(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 10, api: true, revalidate: 200 * time.Millisecond})
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", good, 0))})
+	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	slow.hydrated()
 	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "uy", token: "user:uy",
-		init: initFrame(testSchema, put("good", good, 0), put("a", issue7, 300))})
+		init: initFrame(testSchema, put("good", issueQuery, 0), put("a", issue7, 300))})
 	fast.hydrated()
 
 	e.api.hang("user:ux")
-	polltest.Until(t, 10*time.Second, "slowx's revalidation to hang", func() bool {
-		e.api.mu.Lock()
-		defer e.api.mu.Unlock()
-		return e.api.hanging > 0
-	})
+	e.api.waitHanging(t, "slowx's revalidation to hang")
 
 	fast.send(`["changeDesiredQueries",{"desiredQueriesPatch":[` + del("a") + `]}]`)
 	if p := fast.poke(); !has(p, `desired y1 {"hash":"a","op":"del"}`) {
@@ -40,14 +61,7 @@ func TestServer_SlowAPIServerIsolated(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("fasty's query evicted %v after its TTL started; want within 3s", d)
 	}
-	for i, title := range []string{"one", "two", "three"} {
-		start := time.Now()
-		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
-		waitPatch(fast, `"title":"`+title+`"`)
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("update %d reached fasty after %v; want within 3s", i, d)
-		}
-	}
+	updatesReach(t, e, fast)
 	e.api.mu.Lock()
 	hanging := e.api.hanging
 	e.api.mu.Unlock()
@@ -60,19 +74,14 @@ func TestServer_SlowAPIServerIsolated(t *testing.T) {
 // while the API server holds its transform: the group's pokes go on.
 func TestInspect_AnalyzeWithoutTheLock(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 10, api: true, adminPassword: "s3cret"})
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	c := connect(t, e, dialOpts{group: "an", client: "c1", user: "ua", token: "user:ua", init: initFrame(testSchema, put("good", good, 0))})
+	c := connect(t, e, dialOpts{group: "an", client: "c1", user: "ua", token: "user:ua", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	c.hydrated()
 	if d := c.inspect(`{"op":"authenticate","id":"1","value":"s3cret"}`); d.Op != "authenticated" || !valueOf[bool](t, d) {
 		t.Fatalf("authenticate = %+v", d)
 	}
 	e.api.hang("user:ua")
 	c.send(`["inspect",{"op":"analyze-query","id":"2","name":"issuesByIDs","args":[{"ids":["i0000004"]}]}]`)
-	polltest.Until(t, 10*time.Second, "the transform to hang", func() bool {
-		e.api.mu.Lock()
-		defer e.api.mu.Unlock()
-		return e.api.hanging > 0
-	})
+	e.api.waitHanging(t, "the transform to hang")
 	start := time.Now()
 	e.execSQL("UPDATE issue SET title = 'while analyzing' WHERE id = 'i0000001'")
 	waitPatch(c, `"title":"while analyzing"`)
@@ -117,14 +126,13 @@ func (c *tc) expectErrorAfterPokes(kind, msgPrefix string, code int) {
 // pokes, and the victim's client starts its group over when it returns.
 func TestServer_WriterPanicContained(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 20})
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	v1 := connect(t, e, dialOpts{group: "victim", client: "c1", init: initFrame(testSchema, put("good", good, 0))})
+	v1 := connect(t, e, dialOpts{group: "victim", client: "c1", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	v1.hydrated()
-	v2 := connect(t, e, dialOpts{group: "victim", client: "c2", init: initFrame("", put("good", good, 0))})
+	v2 := connect(t, e, dialOpts{group: "victim", client: "c2", init: initFrame("", put("good", issueQuery, 0))})
 	v2.expect("connected")
 	v2.poke()
 	v1.poke()
-	other := connect(t, e, dialOpts{group: "bystander", client: "b1", init: initFrame(testSchema, put("good", good, 0))})
+	other := connect(t, e, dialOpts{group: "bystander", client: "b1", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	other.hydrated()
 
 	panicOnce(t, "writer", "victim")
@@ -138,7 +146,7 @@ func TestServer_WriterPanicContained(t *testing.T) {
 	// the send budget.
 	polltest.Until(t, 10*time.Second, "every queued byte to be given back", func() bool { return e.srv.adm.queued.Load() == 0 })
 
-	c := connect(t, e, dialOpts{group: "victim", client: "c1", init: initFrame(testSchema, put("good", good, 0))})
+	c := connect(t, e, dialOpts{group: "victim", client: "c1", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	if p := c.hydrated(); !has(p, "got "+`{"hash":"good","op":"put"}`) {
 		t.Errorf("the victim's group starting over got %v; want its query", p.patches)
 	}
@@ -175,16 +183,15 @@ func TestServer_PusherPanicContained(t *testing.T) {
 func TestRelay_PanicContained(t *testing.T) {
 	o := envOptions{issues: 5, durable: true}
 	e := newEnv(t, o)
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	owner := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("good", good, 0))})
+	owner := connect(t, e, dialOpts{group: "g", client: "c1", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	owner.hydrated()
 	e.use(e.startSyncer("vs-b", o))
 
 	panicOnce(t, "relay", "g")
-	relayed := connect(t, e, dialOpts{group: "g", client: "c2", init: initFrame("", put("good", good, 0))})
+	relayed := connect(t, e, dialOpts{group: "g", client: "c2", init: initFrame("", put("good", issueQuery, 0))})
 	relayed.expectErrorAfterPokes(kindInternal, "Internal error in the view-syncer (relay)", closeNormal)
 
-	again := connect(t, e, dialOpts{group: "g", client: "c3", init: initFrame("", put("good", good, 0))})
+	again := connect(t, e, dialOpts{group: "g", client: "c3", init: initFrame("", put("good", issueQuery, 0))})
 	again.expect("connected")
 	e.execSQL("UPDATE issue SET title = 'relayed' WHERE id = 'i0000001'")
 	waitPatch(again, `"title":"relayed"`)
@@ -196,8 +203,7 @@ func TestRelay_PanicContained(t *testing.T) {
 // group's maintenance resumes once the API server answers again.
 func TestServer_HungAPICallEnds(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 10, api: true, revalidate: 200 * time.Millisecond, apiTimeout: 500 * time.Millisecond})
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	c := connect(t, e, dialOpts{group: "hung", client: "c1", user: "uh", token: "user:uh", init: initFrame(testSchema, put("good", good, 0))})
+	c := connect(t, e, dialOpts{group: "hung", client: "c1", user: "uh", token: "user:uh", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	c.hydrated()
 	e.api.hang("user:uh")
 	var held time.Duration
@@ -226,27 +232,15 @@ func TestServer_HungAPICallEnds(t *testing.T) {
 // synced query: another group's pokes go on meanwhile.
 func TestServer_SlowTransformIsolated(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 10, api: true, apiTimeout: 20 * time.Second})
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", good, 0))})
+	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	slow.hydrated()
-	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "uy", token: "user:uy", init: initFrame(testSchema, put("good", good, 0))})
+	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "uy", token: "user:uy", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	fast.hydrated()
 
 	e.api.hang("user:ux")
 	slow.send(`["changeDesiredQueries",{"desiredQueriesPatch":[` + issue4Put + `]}]`)
-	polltest.Until(t, 10*time.Second, "slowx's transform to hang", func() bool {
-		e.api.mu.Lock()
-		defer e.api.mu.Unlock()
-		return e.api.hanging > 0
-	})
-	for i, title := range []string{"one", "two", "three"} {
-		start := time.Now()
-		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
-		waitPatch(fast, `"title":"`+title+`"`)
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("update %d reached fasty after %v; want within 3s", i, d)
-		}
-	}
+	e.api.waitHanging(t, "slowx's transform to hang")
+	updatesReach(t, e, fast)
 	// slowx's own pokes go on too: its lock is free while the API server
 	// holds the call.
 	start := time.Now()
@@ -263,29 +257,16 @@ func TestServer_SlowTransformIsolated(t *testing.T) {
 // their pokes.
 func TestServer_SlowConnectIsolated(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 10, api: true, apiTimeout: 20 * time.Second})
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	member := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", good, 0))})
+	member := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "ux", token: "user:ux", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	member.hydrated()
-	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "uy", token: "user:uy", init: initFrame(testSchema, put("good", good, 0))})
+	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "uy", token: "user:uy", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	fast.hydrated()
 
 	e.api.hang("user:ux")
 	joining := connect(t, e, dialOpts{group: "slowx", client: "x2", user: "ux", token: "user:ux", init: initFrame("", issue4Put)})
 	joining.expect("connected")
-	polltest.Until(t, 10*time.Second, "x2's validation to hang", func() bool {
-		e.api.mu.Lock()
-		defer e.api.mu.Unlock()
-		return e.api.hanging > 0
-	})
-	for i, title := range []string{"one", "two", "three"} {
-		start := time.Now()
-		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
-		waitPatch(fast, `"title":"`+title+`"`)
-		waitPatch(member, `"title":"`+title+`"`)
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("update %d reached both groups after %v; want within 3s", i, d)
-		}
-	}
+	e.api.waitHanging(t, "x2's validation to hang")
+	updatesReach(t, e, fast, member)
 }
 
 // TestServer_SlowRetransformIsolated hangs the re-transform a changed
@@ -293,28 +274,15 @@ func TestServer_SlowConnectIsolated(t *testing.T) {
 func TestServer_SlowRetransformIsolated(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 10, secret: captureSecret, api: true, apiTimeout: 20 * time.Second})
 	t1, t2 := jwtFor(t, "u1", time.Now().Unix()), jwtFor(t, "u1", time.Now().Unix()+1)
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "u1", token: t1, init: initFrame(testSchema, put("good", good, 0), issue4Put)})
+	slow := connect(t, e, dialOpts{group: "slowx", client: "x1", user: "u1", token: t1, init: initFrame(testSchema, put("good", issueQuery, 0), issue4Put)})
 	slow.hydrated()
-	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "u1", token: t1, init: initFrame(testSchema, put("good", good, 0))})
+	fast := connect(t, e, dialOpts{group: "fasty", client: "y1", user: "u1", token: t1, init: initFrame(testSchema, put("good", issueQuery, 0))})
 	fast.hydrated()
 
 	e.api.hang(t2)
 	slow.send(`["updateAuth",{"auth":"` + t2 + `"}]`)
-	polltest.Until(t, 10*time.Second, "the re-transform to hang", func() bool {
-		e.api.mu.Lock()
-		defer e.api.mu.Unlock()
-		return e.api.hanging > 0
-	})
-	for i, title := range []string{"one", "two", "three"} {
-		start := time.Now()
-		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
-		waitPatch(fast, `"title":"`+title+`"`)
-		waitPatch(slow, `"title":"`+title+`"`)
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("update %d reached both groups after %v; want within 3s", i, d)
-		}
-	}
+	e.api.waitHanging(t, "the re-transform to hang")
+	updatesReach(t, e, fast, slow)
 }
 
 // TestDurable_LeaseLostWhileMaintenanceHangs takes a group's lease while
@@ -322,15 +290,10 @@ func TestServer_SlowRetransformIsolated(t *testing.T) {
 // once, not when the call ends.
 func TestDurable_LeaseLostWhileMaintenanceHangs(t *testing.T) {
 	e := newEnv(t, envOptions{issues: 10, durable: true, api: true, revalidate: 200 * time.Millisecond})
-	good := `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`
-	c := connect(t, e, dialOpts{group: "g", client: "c1", user: "u1", token: "user:u1", init: initFrame(testSchema, put("good", good, 0))})
+	c := connect(t, e, dialOpts{group: "g", client: "c1", user: "u1", token: "user:u1", init: initFrame(testSchema, put("good", issueQuery, 0))})
 	c.hydrated()
 	e.api.hang("user:u1")
-	polltest.Until(t, 10*time.Second, "the revalidation to hang", func() bool {
-		e.api.mu.Lock()
-		defer e.api.mu.Unlock()
-		return e.api.hanging > 0
-	})
+	e.api.waitHanging(t, "the revalidation to hang")
 
 	ctx := context.Background()
 	kv, err := e.js.KeyValue(ctx, e.shard.OwnersBucket())

@@ -21,6 +21,7 @@ type crudFlags struct {
 	maxConns    int
 	limitMax    int
 	limitWindow time.Duration
+	timeout     time.Duration
 }
 
 func (c *crudFlags) register(fs *flag.FlagSet, e *env) {
@@ -29,6 +30,7 @@ func (c *crudFlags) register(fs *flag.FlagSet, e *env) {
 	e.intVar(fs, &c.limitMax, "ZERO_PER_USER_MUTATION_LIMIT_MAX", 0)
 	c.limitWindow = e.units("ZERO_PER_USER_MUTATION_LIMIT_WINDOW_MS", time.Minute, time.Millisecond)
 	bindVar(fs, units{&c.limitWindow, time.Millisecond}, "ZERO_PER_USER_MUTATION_LIMIT_WINDOW_MS", "")
+	e.durationVar(fs, &c.timeout, "JETSYNC_CRUD_MUTATION_TIMEOUT", mutagen.DefaultTimeout)
 	if err := c.check(); err != nil {
 		e.errs = append(e.errs, err)
 	}
@@ -37,6 +39,9 @@ func (c *crudFlags) register(fs *flag.FlagSet, e *env) {
 func (c *crudFlags) check() error {
 	if c.maxConns < 1 {
 		return fmt.Errorf("ZERO_UPSTREAM_MAX_CONNS=%d: must be at least 1", c.maxConns)
+	}
+	if c.timeout <= 0 {
+		return fmt.Errorf("JETSYNC_CRUD_MUTATION_TIMEOUT=%v: must be above zero", c.timeout)
 	}
 	if c.limitMax < 0 {
 		return fmt.Errorf("ZERO_PER_USER_MUTATION_LIMIT_MAX=%d: must not be negative", c.limitMax)
@@ -76,6 +81,6 @@ func (c *crudFlags) mutagen(ctx context.Context, rl role) (m *mutagen.Mutagen, c
 	}
 	return mutagen.New(pool, mutagen.Config{
 		AppID: rl.shard.App, Shard: rl.shard.Num,
-		LimitMax: c.limitMax, LimitWindow: c.limitWindow, Log: rl.log,
+		LimitMax: c.limitMax, LimitWindow: c.limitWindow, Timeout: c.timeout, Log: rl.log,
 	}), pool.Close, nil
 }

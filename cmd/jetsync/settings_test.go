@@ -147,6 +147,7 @@ func TestRefusedSettings(t *testing.T) {
 		{"auto reset off", []string{"change-streamer", "-upstream-db", "postgres://127.0.0.1:1/db", "-nats-url", "nats://127.0.0.1:1", "-port", "0"}, map[string]string{"ZERO_AUTO_RESET": "false"}, "ZERO_AUTO_RESET is set"},
 		{"no sync workers", []string{"run", "-upstream-db", "postgres://127.0.0.1:1/db", "-nats-listen", "", "-port", "0"}, map[string]string{"ZERO_NUM_SYNC_WORKERS": "0"}, "replication-manager: run jetsync change-streamer"},
 		{"negative mutation limit", []string{"view-syncer"}, map[string]string{"ZERO_PER_USER_MUTATION_LIMIT_MAX": "-1", "JETSYNC_NATS_URL": "nats://127.0.0.1:1"}, "ZERO_PER_USER_MUTATION_LIMIT_MAX=-1: must not be negative"},
+		{"zero mutation timeout", []string{"view-syncer"}, map[string]string{"JETSYNC_CRUD_MUTATION_TIMEOUT": "0s", "JETSYNC_NATS_URL": "nats://127.0.0.1:1"}, "JETSYNC_CRUD_MUTATION_TIMEOUT=0s: must be above zero"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

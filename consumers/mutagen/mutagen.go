@@ -72,8 +72,17 @@ type Config struct {
 	// LimitWindow (ZERO_PER_USER_MUTATION_LIMIT_MAX / _WINDOW_MS).
 	LimitMax    int
 	LimitWindow time.Duration
-	Log         *slog.Logger
+	// Timeout bounds each attempt at a mutation's transaction, the wait
+	// for a pool connection included: a row lock held upstream, or a hung
+	// upstream, then fails that mutation (MutationFailed) instead of
+	// holding its connection and a pool connection for good. zero-cache
+	// has no bound. Zero means DefaultTimeout.
+	Timeout time.Duration
+	Log     *slog.Logger
 }
+
+// DefaultTimeout is Config.Timeout's default.
+const DefaultTimeout = 30 * time.Second
 
 // Mutagen writes CRUD mutations upstream through a connection pool.
 type Mutagen struct {
@@ -92,6 +101,9 @@ func New(pool *pgxpool.Pool, cfg Config) *Mutagen {
 	}
 	if cfg.LimitWindow <= 0 {
 		cfg.LimitWindow = time.Minute
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
 	}
 	return &Mutagen{pool: pool, cfg: cfg, limiters: map[string]*limiter{}}
 }
@@ -120,9 +132,7 @@ func (m *Mutagen) Process(ctx context.Context, clientGroupID string, mut Mutatio
 	var result *MutationError
 	errorMode := false
 	for i := 0; i < maxSerializationAttempts; i++ {
-		err := pgx.BeginTxFunc(ctx, m.pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
-			return m.processTx(ctx, tx, clientGroupID, mut, authData, errorMode)
-		})
+		err := m.attempt(ctx, clientGroupID, mut, authData, errorMode)
 		if err == nil {
 			break
 		}
@@ -154,6 +164,21 @@ func (m *Mutagen) Process(ctx context.Context, clientGroupID string, mut Mutatio
 		i--
 	}
 	return result, nil
+}
+
+// attempt runs the mutation's transaction once, within the timeout. A
+// timeout is worded as such: the context's own error would say only that
+// a deadline passed.
+func (m *Mutagen) attempt(ctx context.Context, cgid string, mut Mutation, authData map[string]any, errorMode bool) error {
+	actx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	err := pgx.BeginTxFunc(actx, m.pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+		return m.processTx(actx, tx, cgid, mut, authData, errorMode)
+	})
+	if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		return fmt.Errorf("mutation timed out after %v", m.cfg.Timeout)
+	}
+	return err
 }
 
 // errorString words an error as zero-cache's String(e) does.

@@ -249,3 +249,36 @@ func TestProcess_Failures(t *testing.T) {
 		t.Fatalf("lmid after rate limit: %d", f.lastMutationID("c1"))
 	}
 }
+
+// TestProcess_Timeout holds a row lock upstream: a mutation that waits on
+// it fails after the timeout, its id consumed, and the next one goes on.
+func TestProcess_Timeout(t *testing.T) {
+	f := newFixture(t, mutagen.Config{Timeout: 500 * time.Millisecond})
+	f.mustPush("c1", 1, "alice", issueOp("insert", "i1", map[string]any{"title": "a", "owner_id": "alice"}))
+	tx, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	if _, err := tx.Exec(f.ctx, `SELECT * FROM issue WHERE id = 'i1' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	merr, err := f.push("c1", 2, "alice", issueOp("update", "i1", map[string]any{"title": "b"}))
+	if err != nil || merr == nil || merr.Kind != "MutationFailed" || merr.Message != "Error: mutation timed out after 500ms" {
+		t.Fatalf("locked row: %v %+v; want MutationFailed, timed out", err, merr)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the mutation failed after %v; want near its 500ms timeout", d)
+	}
+	if got := f.lastMutationID("c1"); got != 2 {
+		t.Errorf("lmid %d after the timed-out mutation; want 2, its id consumed", got)
+	}
+	if err := tx.Rollback(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.mustPush("c1", 3, "alice", issueOp("update", "i1", map[string]any{"title": "c"}))
+	if got := f.scalar(`SELECT title FROM issue WHERE id = 'i1'`); got != "c" {
+		t.Errorf("title %v after the lock went; want c", got)
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -184,11 +186,21 @@ func (g *Group) replay(ctx context.Context, from, last uint64) error {
 	return flush()
 }
 
-func (s *Store) applyTx(ctx context.Context, f func(*sql.Tx) error) error {
+func (s *Store) applyTx(ctx context.Context, f func(*sql.Tx) error) (err error) {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("cvr projection: %w", err)
 	}
+	// Applies run on goroutines of their own: a panic in one (a bad
+	// record, say) is that group's failed apply, which its next Load
+	// repairs from the stream, not the end of the process.
+	defer func() {
+		if r := recover(); r != nil {
+			_ = tx.Rollback()
+			s.log.Error("cvr projection apply panicked", "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("cvr projection: panic: %v", r)
+		}
+	}()
 	if err := f(tx); err != nil {
 		tx.Rollback()
 		return err
@@ -198,6 +210,10 @@ func (s *Store) applyTx(ctx context.Context, f func(*sql.Tx) error) error {
 	}
 	return nil
 }
+
+// applyHook, when a test sets it, runs at the start of each background
+// apply of a published update.
+var applyHook atomic.Pointer[func(group string)]
 
 // ID is the group's ID.
 func (g *Group) ID() string { return g.id }
@@ -298,6 +314,9 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 	actx := context.WithoutCancel(ctx)
 	g.s.applies.start(g.id, func() {
 		err := g.s.applyTx(actx, func(tx *sql.Tx) error {
+			if hook := applyHook.Load(); hook != nil {
+				(*hook)(g.id)
+			}
 			for i, m := range applied {
 				if _, err := cvr.Apply(actx, tx, last-uint64(len(msgs)-1-i), m); err != nil {
 					return err

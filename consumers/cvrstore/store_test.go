@@ -582,3 +582,32 @@ func TestLease_SignedRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestStore_ApplyPanicContained makes one group's background apply panic:
+// the process goes on, the group reports itself broken, another group
+// is unaffected, and a new Load rebuilds the group from the stream.
+func TestStore_ApplyPanicContained(t *testing.T) {
+	ns := natstest.Start(t)
+	hook := func(group string) {
+		if group == "victim" {
+			panic("injected for the test")
+		}
+	}
+	applyHook.Store(&hook)
+	t.Cleanup(func() { applyHook.Store(nil) })
+	s := openStore(t, ns, "a", filepath.Join(t.TempDir(), "a.db"))
+	victim, other := load(t, s, "victim"), load(t, s, "other")
+	h, h2 := newHistory(1), newHistory(2)
+	publishN(t, victim, h, 1, 5) // durable: the panic is in the apply after it
+	publishN(t, other, h2, 3, 5)
+	if _, err := victim.State(testCtx(t)); !errors.Is(err, ErrBroken) {
+		t.Fatalf("victim's State after a panicked apply = %v; want ErrBroken", err)
+	}
+	if got := state(t, other); got.Instance.Version != "v00003" {
+		t.Errorf("other's state at %q; want v00003", got.Instance.Version)
+	}
+	applyHook.Store(nil)
+	if got := state(t, load(t, s, "victim")); got.Instance.Version != "v00001" || len(got.Rows) == 0 {
+		t.Errorf("victim reloaded at %q with %d rows; want v00001 from the stream", got.Instance.Version, len(got.Rows))
+	}
+}

@@ -663,7 +663,10 @@ func TestSource_Packing(t *testing.T) {
 			msgs[s] = true
 		}
 	}
-	if len(msgs) >= n/2 {
+	// How tightly depends on how far the reader gets ahead of the
+	// publisher, which a loaded machine changes; without packing there
+	// would be one message per transaction.
+	if len(msgs) > n*9/10 {
 		t.Errorf("%d transactions in %d messages; want them packed", n, len(msgs))
 	}
 	// Idle: one message per transaction.

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	promb "go.opentelemetry.io/contrib/bridges/prometheus"
@@ -50,6 +51,26 @@ func BenchmarkTrace_Sampled(b *testing.B) { benchSpans(b, sdktrace.AlwaysSample(
 // BenchmarkTrace_NotSampled is what a message pays that the default
 // sampler passes over: the commit and publish spans, not recorded.
 func BenchmarkTrace_NotSampled(b *testing.B) { benchSpans(b, sdktrace.NeverSample()) }
+
+// BenchmarkTrace_HeadDropped is what a transaction pays in the publisher
+// that the default rate sampler passes over: StartTrace's refusal, before
+// any span (BenchmarkTrace_NotSampled is the span-by-span path that a
+// configured sampler which drops it still takes).
+func BenchmarkTrace_HeadDropped(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sdktrace.NewBatchSpanProcessor(tracetest.NewNoopExporter())))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	r := newRateSampler(DefaultTracesPerSecond)
+	r.last.Store(time.Now().Add(time.Hour).UnixNano())
+	headRate.Store(r)
+	tracing.Store(true)
+	defer func() { tracing.Store(false); headRate.Store(nil) }()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := StartTrace(context.Background(), "postgres commit"); ok {
+			b.Fatal("sampled")
+		}
+	}
+}
 
 // BenchmarkMetrics_Produce is one export's read of the Prometheus
 // collectors through the bridge, with 200 series registered (jetsync run

@@ -4,7 +4,8 @@
 // of every figure: the meter provider reads them through the Prometheus
 // bridge at each export, renaming zero-cache's to its dotted OTel names.
 // With no OTEL_* set nothing is started, and the tracing helpers cost a
-// load of one atomic.
+// load of one atomic; with traces on, a transaction the sampler passes over
+// costs little more (StartTrace).
 package telemetry
 
 import (
@@ -59,6 +60,29 @@ var tracing atomic.Bool
 
 // Tracing reports whether traces are exported.
 func Tracing() bool { return tracing.Load() }
+
+// headRate is the rate sampler when it is the provider's: StartTrace asks
+// it before making any span.
+var headRate atomic.Pointer[rateSampler]
+
+// StartTrace starts the root span of a new trace if the sampler takes it,
+// and returns ok false, having made nothing, if it does not. The decision
+// is taken once, here at the head: an unsampled transaction carries no
+// span and no traceparent down the path, and under the default rate
+// sampler it costs a clock read and two atomic loads.
+func StartTrace(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span, bool) {
+	if !tracing.Load() {
+		return ctx, nil, false
+	}
+	if r := headRate.Load(); r != nil && !r.due(time.Now().UnixNano()) {
+		return ctx, nil, false
+	}
+	ctx, span := Tracer().Start(ctx, name, opts...)
+	if !span.IsRecording() {
+		return ctx, nil, false
+	}
+	return ctx, span, true
+}
 
 // Signals reports which signals the variables turn on, as zero-cache
 // decides: an OTLP endpoint (common or the signal's) or the signal's
@@ -164,12 +188,15 @@ func Start(ctx context.Context, o Options) (*Telemetry, error) {
 		// processor OTEL_BSP_*. Without a sampler set, a busy stream
 		// traces DefaultTracesPerSecond transactions a second, not all.
 		opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithBatcher(exp)}
+		var rate *rateSampler
 		if getenv("OTEL_TRACES_SAMPLER") == "" {
-			opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(newRateSampler(DefaultTracesPerSecond))))
+			rate = newRateSampler(DefaultTracesPerSecond)
+			opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(rate)))
 		}
 		t.tp = sdktrace.NewTracerProvider(opts...)
 		otel.SetTracerProvider(t.tp)
 		otel.SetTextMapPropagator(propagation.TraceContext{})
+		headRate.Store(rate)
 		tracing.Store(true)
 	}
 	if o.Log != nil {
@@ -187,6 +214,7 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	var errs []error
 	if t.tp != nil {
 		tracing.Store(false)
+		headRate.Store(nil)
 		errs = append(errs, t.tp.Shutdown(ctx))
 	}
 	if t.mp != nil {
@@ -221,6 +249,11 @@ func (r *rateSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.Sampl
 	}
 	return sdktrace.SamplingResult{Decision: decision, Tracestate: psc.TraceState()}
 }
+
+// due reports whether a root started at now would be sampled, without
+// taking the slot: ShouldSample takes it, and may still drop a root that
+// a concurrent one beat to it.
+func (r *rateSampler) due(now int64) bool { return now-r.last.Load() >= int64(r.every) }
 
 func (r *rateSampler) Description() string {
 	return fmt.Sprintf("RateSampler{%v}", r.every)

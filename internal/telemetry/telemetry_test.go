@@ -139,3 +139,55 @@ func TestStart_HTTPProtobufByDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestStartTrace_DecidesAtTheHead: under the default rate sampler a root
+// within the interval of the last is refused before any span is made (no
+// allocation), and under a configured sampler the span's own decision
+// stands; with traces off nothing starts.
+func TestStartTrace_DecidesAtTheHead(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer srv.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_METRICS_EXPORTER", "none")
+	for _, c := range []struct {
+		sampler      string
+		first, again bool
+	}{
+		{sampler: "", first: true, again: false},
+		{sampler: "always_on", first: true, again: true},
+		{sampler: "always_off", first: false, again: false},
+	} {
+		t.Setenv("OTEL_TRACES_SAMPLER", c.sampler)
+		tel, err := Start(context.Background(), Options{Worker: "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []bool{c.first, c.again} {
+			_, span, ok := StartTrace(context.Background(), "root")
+			if ok != want || (span != nil) != want {
+				t.Errorf("sampler %q, root %d: ok %v, span %v; want %v", c.sampler, i, ok, span, want)
+			}
+			if span != nil {
+				span.End()
+			}
+		}
+		if c.sampler == "" {
+			allocs := testing.AllocsPerRun(100, func() {
+				if _, _, ok := StartTrace(context.Background(), "root"); ok {
+					t.Error("a root within the rate sampler's interval started")
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("a root the rate sampler passes over allocated %v times; want nothing made", allocs)
+			}
+		}
+		if err := tel.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, ok := StartTrace(context.Background(), "root"); ok {
+			t.Errorf("sampler %q: a root started after Shutdown", c.sampler)
+		}
+	}
+}

@@ -289,9 +289,9 @@ func (p *publisher) failed(err error) error {
 
 // tracePublish starts the trace of the last transaction m completes: a
 // span for its Postgres commit, from the commit time to now, and a child
-// for the publish, which h's traceparent names when it is sampled. One
-// message, not one row, pays for it, and a message that completes no
-// transaction is not traced.
+// for the publish, which h's traceparent names. One message, not one row,
+// pays for it, and a message that completes no transaction is not traced.
+// A transaction the sampler passes over gets nil: no span, no header.
 func tracePublish(m *outMsg, h nats.Header) trace.Span {
 	var commit *streams.Part
 	for i := len(m.msg.Parts) - 1; i >= 0; i-- {
@@ -308,12 +308,14 @@ func tracePublish(m *outMsg, h nats.Header) trace.Span {
 	if t := time.UnixMicro(int64(commit.CommitTimeMs * 1000)); commit.CommitTimeMs > 0 && t.Before(now) {
 		start = t
 	}
-	tr := telemetry.Tracer()
-	ctx, cs := tr.Start(context.Background(), "postgres commit",
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start),
-		trace.WithAttributes(attribute.String("jetsync.watermark", commit.Watermark)))
+	ctx, cs, ok := telemetry.StartTrace(context.Background(), "postgres commit",
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(start))
+	if !ok {
+		return nil
+	}
+	cs.SetAttributes(attribute.String("jetsync.watermark", commit.Watermark))
 	cs.End(trace.WithTimestamp(now))
-	ctx, ps := tr.Start(ctx, "jetstream publish", trace.WithSpanKind(trace.SpanKindProducer),
+	ctx, ps := telemetry.Tracer().Start(ctx, "jetstream publish", trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attribute.String("messaging.system", "nats"), attribute.String("messaging.destination.name", m.subject),
 			attribute.Int("jetsync.transactions", m.txs), attribute.Int("jetsync.changes", m.changes)))
 	telemetry.Inject(ctx, h)

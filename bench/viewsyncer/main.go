@@ -66,8 +66,13 @@ type options struct {
 	env      string
 	verbose  bool
 	// otel runs the OpenTelemetry cost measure (otel.go) instead.
-	otel     bool
-	otelTxns int
+	otel      bool
+	otelTxns  int
+	otelPaced int
+	otelRate  int
+	// otelProfile, when set, is a folder for a CPU profile of each -otel
+	// run's throughput measure.
+	otelProfile string
 }
 
 func main() {
@@ -87,6 +92,9 @@ func main() {
 	flag.BoolVar(&o.hold, "hold", false, "after the measures, keep Postgres and jetsync running until interrupted (to point client.mjs or zero-cache at them)")
 	flag.BoolVar(&o.otel, "otel", false, "measure what exporting OpenTelemetry costs instead: throughput and commit → client p50 with OTEL_* unset and set, in alternating runs")
 	flag.IntVar(&o.otelTxns, "otel-txns", 3000, "transactions in the -otel throughput measure")
+	flag.IntVar(&o.otelPaced, "otel-paced", 2000, "transactions in the -otel measure of CPU per transaction at a fixed offered rate")
+	flag.IntVar(&o.otelRate, "otel-rate", 500, "the offered rate of that measure, transactions a second")
+	flag.StringVar(&o.otelProfile, "otel-cpuprofile", "", "a folder to write a CPU profile of each -otel run's throughput measure into (off-<pair>.pprof, on-<pair>.pprof)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "viewsyncer:", err)

@@ -184,10 +184,10 @@ bench-viewsyncer: build node-deps
 
 # bench-otel measures what exporting OpenTelemetry costs: throughput, the
 # process's CPU per transaction (as fast as Postgres commits, and at 500/s
-# offered) and commit -> client p50 of ./bin/jetsync run with OTEL_* unset
-# and set (to a receiver in the bench), in short alternating runs, against
-# the aims (< 5% of throughput, < 0.3 ms of p50) on the medians of the
-# pairs' differences. The per-span and per-export costs are
+# offered) and commit -> client p50 of two ./bin/jetsync run side by side on
+# one upstream, one with OTEL_* unset and one exporting to a receiver in the
+# bench, in short rounds, against the aims (< 5% of throughput, < 0.3 ms of
+# p50) on the medians of the rounds' differences. The per-span and per-export costs are
 # internal/telemetry's Go benchmarks, run by bench above.
 OTEL_BENCH_RUNS ?= 8
 .PHONY: bench-otel

@@ -70,6 +70,7 @@ type options struct {
 	otelTxns  int
 	otelPaced int
 	otelRate  int
+	otelSide  bool
 	// otelProfile, when set, is a folder for a CPU profile of each -otel
 	// run's throughput measure.
 	otelProfile string
@@ -94,6 +95,7 @@ func main() {
 	flag.IntVar(&o.otelTxns, "otel-txns", 3000, "transactions in the -otel throughput measure")
 	flag.IntVar(&o.otelPaced, "otel-paced", 2000, "transactions in the -otel measure of CPU per transaction at a fixed offered rate")
 	flag.IntVar(&o.otelRate, "otel-rate", 500, "the offered rate of that measure, transactions a second")
+	flag.BoolVar(&o.otelSide, "otel-side", true, "-otel runs the two processes side by side, on shards 0 and 1 of the upstream; false: in alternating runs")
 	flag.StringVar(&o.otelProfile, "otel-cpuprofile", "", "a folder to write a CPU profile of each -otel run's throughput measure into (off-<pair>.pprof, on-<pair>.pprof)")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -139,6 +141,9 @@ func run(o options) error {
 	}
 	defer up.close()
 
+	if o.otel && o.otelSide {
+		return runOTelSide(ctx, o, bin, root, up)
+	}
 	if o.otel {
 		return runOTel(ctx, o, bin, root, up)
 	}

@@ -157,7 +157,7 @@ func runOTel(ctx context.Context, o options, bin, root string, up *upstream) err
 			}
 		}
 	}
-	printOTel(o, off, on, sink)
+	printOTel(o, "alternating pairs", off, on, sink)
 	return nil
 }
 
@@ -310,7 +310,7 @@ func measureThroughput(ctx context.Context, base, pgURL string, q queries, n, ra
 	}
 }
 
-func printOTel(o options, off, on []otelRun, sink *otlpSink) {
+func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink) {
 	field := func(rs []otelRun, f func(otelRun) float64) []float64 {
 		out := make([]float64, len(rs))
 		for i, r := range rs {
@@ -318,9 +318,9 @@ func printOTel(o options, off, on []otelRun, sink *otlpSink) {
 		}
 		return out
 	}
-	// Each pair ran back to back: the median of the pairs' differences
-	// cancels the load that drifts between pairs, which the medians of
-	// each kind's runs do not.
+	// Each pair ran back to back or side by side: the median of the pairs'
+	// differences cancels the load that drifts between pairs, which the
+	// medians of each kind's runs do not.
 	paired := func(diff func(off, on otelRun) float64) []float64 {
 		var out []float64
 		for i := range min(len(off), len(on)) {
@@ -343,8 +343,8 @@ func printOTel(o options, off, on []otelRun, sink *otlpSink) {
 	dCPU, dPaced, dShare, dP50 := paired(rel(cpu)), paired(rel(paced)), paired(abs(share)), paired(abs(p50))
 
 	fmt.Println()
-	fmt.Printf("OpenTelemetry export cost (seed.sh %d; %d alternating pairs; on: metrics every %d s, traces at the default sampling (%d transactions a second), OTLP/gRPC to an in-process receiver, which got %d spans and %d metric streams)\n\n",
-		o.issues, len(off), otelMetricInterval/1000, 10, sink.spans.Load(), sink.points.Load())
+	fmt.Printf("OpenTelemetry export cost (seed.sh %d; %d %s; on: metrics every %d s, traces at the default sampling (%d transactions a second), OTLP/gRPC to an in-process receiver, which got %d spans and %d metric streams)\n\n",
+		o.issues, len(off), mode, otelMetricInterval/1000, 10, sink.spans.Load(), sink.points.Load())
 	fmt.Println("| measure | OTel off, median | OTel on, median | cost: median of the pairs' differences (each pair's) |")
 	fmt.Println("|---|---|---|---|")
 	row := func(name, unit string, f func(otelRun) float64, d []float64, dunit string) {

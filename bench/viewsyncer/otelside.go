@@ -1,0 +1,337 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/jetsync/jetsync/bench/internal/benchenv"
+)
+
+// runOTelSide measures what exporting OpenTelemetry costs with the two
+// `jetsync run`s side by side: in each round one without OTEL_* and one
+// exporting run at once, on shards 0 and 1 of the same upstream (swapped
+// every round), so that both replicate the same commits under the same
+// load on the machine, which drifts too much between runs on a shared
+// machine for alternating runs to settle a few percent. Each round is a
+// pair; the verdicts are the medians of the pairs' differences.
+func runOTelSide(ctx context.Context, o options, bin, root string, up *upstream) error {
+	sink, err := startOTLPSink()
+	if err != nil {
+		return err
+	}
+	defer sink.srv.Stop()
+	q := newQueries(o.issues)
+	var off, on []otelRun
+	for round := range o.runs {
+		spans0, points0 := sink.spans.Load(), sink.points.Load()
+		rs, err := measureOTelRound(ctx, bin, root, up.url, q, o, sink, round)
+		if err != nil {
+			return fmt.Errorf("round %d: %w", round, err)
+		}
+		if sink.spans.Load() == spans0 && sink.points.Load() == points0 {
+			return fmt.Errorf("round %d: the receiver got nothing", round)
+		}
+		if o.verbose {
+			for i, r := range rs {
+				fmt.Printf("round %d otel=%v: %.0f txn/s, %v CPU/txn; %v CPU/txn at %d/s offered; p50 %.2f ms, %.1f%% of a core at %d/s\n",
+					round, i == 1, r.throughput, r.cpuPerTxn, r.pacedCPUPerTxn, o.otelRate, ms(r.p50), 100*r.steadyCPU, o.rate)
+			}
+		}
+		off, on = append(off, rs[0]), append(on, rs[1])
+	}
+	printOTel(o, "side-by-side rounds", off, on, sink)
+	return nil
+}
+
+// measureOTelRound runs the measures on the two processes at once: [0]
+// without export, [1] with.
+func measureOTelRound(ctx context.Context, bin, root, pgURL string, q queries, o options, sink *otlpSink, round int) ([2]otelRun, error) {
+	var js [2]*jetsync
+	var profiles [2]string
+	defer func() {
+		for _, j := range js {
+			if j != nil {
+				j.Stop()
+			}
+		}
+	}()
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range js {
+		env := []string{"JETSYNC_BACKUP=off",
+			"JETSYNC_DATA_DIR=" + filepath.Join(root, fmt.Sprintf("data-%d-%d", round, i)),
+			"ZERO_SHARD_NUM=" + strconv.Itoa((i+round)%2)}
+		if i == 1 {
+			env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+sink.addr, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+				"OTEL_METRIC_EXPORT_INTERVAL="+strconv.Itoa(otelMetricInterval))
+		}
+		if o.otelProfile != "" {
+			profiles[i] = filepath.Join(o.otelProfile, fmt.Sprintf("%s-%d.pprof", []string{"off", "on"}[i], round))
+			port, err := benchenv.FreePort()
+			if err != nil {
+				return [2]otelRun{}, err
+			}
+			env = append(env, fmt.Sprintf("JETSYNC_PPROF_ADDR=127.0.0.1:%d", port))
+		}
+		if o.env != "" {
+			env = append(env, o.env)
+		}
+		g.Go(func() error {
+			j, err := startJetsync(gctx, bin, root, pgURL, strings.Join(env, ","))
+			js[i] = j
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return [2]otelRun{}, err
+	}
+	bases := []string{js[0].Base, js[1].Base}
+	cpus := func() ([2]time.Duration, error) {
+		var out [2]time.Duration
+		for i, j := range js {
+			c, err := procCPU(j.Cmd.Process.Pid)
+			if err != nil {
+				return out, err
+			}
+			out[i] = c
+		}
+		return out, nil
+	}
+	var pw sync.WaitGroup
+	for i, p := range profiles {
+		if p != "" {
+			addr := ""
+			for _, kv := range js[i].Cmd.Env {
+				if v, ok := strings.CutPrefix(kv, "JETSYNC_PPROF_ADDR="); ok {
+					addr = v
+				}
+			}
+			pw.Go(func() {
+				if err := fetchProfile(ctx, addr, p); err != nil {
+					fmt.Println("cpu profile:", err)
+				}
+			})
+		}
+	}
+	defer pw.Wait()
+	c0, err := cpus()
+	if err != nil {
+		return [2]otelRun{}, err
+	}
+	tput, err := measureThroughputs(ctx, bases, pgURL, q, o.otelTxns, 0)
+	if err != nil {
+		return [2]otelRun{}, fmt.Errorf("throughput: %w", err)
+	}
+	c1, err := cpus()
+	if err != nil {
+		return [2]otelRun{}, err
+	}
+	if _, err := measureThroughputs(ctx, bases, pgURL, q, o.otelPaced, o.otelRate); err != nil {
+		return [2]otelRun{}, fmt.Errorf("paced: %w", err)
+	}
+	c2, err := cpus()
+	if err != nil {
+		return [2]otelRun{}, err
+	}
+	t2 := time.Now()
+	p50s, err := measureLatencies(ctx, bases, pgURL, q, strings.Split(o.latQs, ","), o.updates, o.rate)
+	if err != nil {
+		return [2]otelRun{}, fmt.Errorf("latency: %w", err)
+	}
+	c3, err := cpus()
+	if err != nil {
+		return [2]otelRun{}, err
+	}
+	el := time.Since(t2).Seconds()
+	var out [2]otelRun
+	for i, j := range js {
+		if err := j.AliveNoError(); err != nil {
+			return out, err
+		}
+		out[i] = otelRun{throughput: tput[i], cpuPerTxn: (c1[i] - c0[i]) / time.Duration(o.otelTxns),
+			pacedCPUPerTxn: (c2[i] - c1[i]) / time.Duration(o.otelPaced),
+			steadyCPU:      (c3[i] - c2[i]).Seconds() / el, p50: p50s[i]}
+	}
+	return out, nil
+}
+
+// measureThroughputs is measureThroughput with one client on each of
+// bases, all replicating the same upstream: each one's figure is n over
+// the time from the first commit to its own poke with the last titles.
+func measureThroughputs(ctx context.Context, bases []string, pgURL string, q queries, n, rate int) ([]float64, error) {
+	qs, err := q.named(0, []string{"issuesWithLabels"})
+	if err != nil {
+		return nil, err
+	}
+	const writers, rows = 4, 28
+	marker := fmt.Sprintf("tput-%d-", time.Now().UnixNano())
+	final := map[string]bool{}
+	per := n / writers
+	for w := range writers {
+		for k := max(0, per-rows/writers); k < per; k++ {
+			final[marker+strconv.Itoa(w+writers*k)] = true
+		}
+	}
+	ends := make([]chan time.Time, len(bases))
+	for i, base := range bases {
+		c, err := connectGroup(base, fmt.Sprintf("bench-tput-%d-%d", time.Now().UnixNano(), i), qs)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		if _, _, err := c.WaitGot(hashes(qs)...); err != nil {
+			return nil, err
+		}
+		ends[i] = make(chan time.Time, 1)
+		go func() {
+			want := maps.Clone(final)
+			for len(want) > 0 {
+				p, err := c.NextPoke(marker)
+				if err != nil {
+					close(ends[i])
+					return
+				}
+				for _, m := range p.Markers {
+					delete(want, m)
+				}
+				if len(want) == 0 {
+					ends[i] <- p.End
+				}
+			}
+		}()
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	start := time.Now()
+	for w := range writers {
+		g.Go(func() error {
+			pg, err := pgx.Connect(gctx, pgURL)
+			if err != nil {
+				return err
+			}
+			defer pg.Close(context.WithoutCancel(gctx))
+			var tick <-chan time.Time
+			if rate > 0 {
+				t := time.NewTicker(time.Second * writers / time.Duration(rate))
+				defer t.Stop()
+				tick = t.C
+			}
+			for k := range per {
+				if tick != nil {
+					<-tick
+				}
+				id := fmt.Sprintf("i%07d", 1+w+writers*(k%(rows/writers)))
+				if _, err := pg.Exec(gctx, `UPDATE issue SET title = $1 WHERE id = $2`, marker+strconv.Itoa(w+writers*k), id); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(bases))
+	timeout := time.After(time.Minute)
+	for i := range bases {
+		select {
+		case end, ok := <-ends[i]:
+			if !ok {
+				return nil, fmt.Errorf("client %d's connection failed before every last title arrived", i)
+			}
+			out[i] = float64(writers*per) / end.Sub(start).Seconds()
+		case <-timeout:
+			return nil, fmt.Errorf("not every last title reached client %d within a minute of the last commit: %w", i, errTimeout)
+		}
+	}
+	return out, nil
+}
+
+// measureLatencies commits n single-row UPDATEs at rate per second, each
+// retitling one of the first 30 issues, and returns, for a client on each
+// of bases holding the queries named (issuesWithLabels shows those
+// issues), the p50 of the time from a commit
+// returning to the pokeEnd carrying its title.
+func measureLatencies(ctx context.Context, bases []string, pgURL string, q queries, names []string, n, rate int) ([]time.Duration, error) {
+	qs, err := q.named(0, names)
+	if err != nil {
+		return nil, err
+	}
+	marker := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
+	committed := make([]time.Time, n)
+	arrived := make([][]time.Time, len(bases))
+	done := make(chan error, len(bases))
+	for i, base := range bases {
+		c, err := connectGroup(base, fmt.Sprintf("bench-latency-%d-%d", time.Now().UnixNano(), i), qs)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		if _, _, err := c.WaitGot(hashes(qs)...); err != nil {
+			return nil, err
+		}
+		arrived[i] = make([]time.Time, n)
+		go func() {
+			seen := 0
+			for seen < n {
+				p, err := c.NextPoke(marker)
+				if err != nil {
+					done <- fmt.Errorf("client %d: %w", i, err)
+					return
+				}
+				for _, t := range p.Markers {
+					k, err := strconv.Atoi(strings.TrimPrefix(t, marker))
+					if err == nil && k >= 0 && k < n && arrived[i][k].IsZero() {
+						arrived[i][k] = p.End
+						seen++
+					}
+				}
+			}
+			done <- nil
+		}()
+	}
+	pg, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pg.Close(context.WithoutCancel(ctx))
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for k := range n {
+		<-tick.C
+		id := fmt.Sprintf("i%07d", 1+k%30)
+		if _, err := pg.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, marker+strconv.Itoa(k), id); err != nil {
+			return nil, err
+		}
+		committed[k] = time.Now()
+	}
+	timeout := time.After(time.Minute)
+	for range bases {
+		select {
+		case err := <-done:
+			if err != nil {
+				return nil, err
+			}
+		case <-timeout:
+			return nil, fmt.Errorf("not every update reached both clients within a minute of the last commit: %w", errTimeout)
+		}
+	}
+	out := make([]time.Duration, len(bases))
+	for i := range bases {
+		ds := make([]time.Duration, n)
+		for k := range n {
+			ds[k] = max(0, arrived[i][k].Sub(committed[k]))
+		}
+		slices.Sort(ds)
+		out[i] = ds[n/2]
+	}
+	return out, nil
+}

@@ -157,7 +157,7 @@ func runOTel(ctx context.Context, o options, bin, root string, up *upstream) err
 			}
 		}
 	}
-	printOTel(o, "alternating pairs", off, on, sink)
+	printOTel(o, "alternating pairs", off, on, sink, nil)
 	return nil
 }
 
@@ -310,7 +310,9 @@ func measureThroughput(ctx context.Context, base, pgURL string, q queries, n, ra
 	}
 }
 
-func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink) {
+// lag, from side-by-side rounds, is every update's arrival at the
+// exporting process's client less its arrival at the other's.
+func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink, lag []time.Duration) {
 	field := func(rs []otelRun, f func(otelRun) float64) []float64 {
 		out := make([]float64, len(rs))
 		for i, r := range rs {
@@ -355,6 +357,22 @@ func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink) {
 	row(fmt.Sprintf("jetsync's CPU time per transaction at %d txn/s offered (%d transactions)", o.otelRate, o.otelPaced), "µs", paced, dPaced, "%")
 	row(fmt.Sprintf("jetsync's CPU share at %d updates/s", o.rate), "% of a core", share, dShare, " points")
 	row(fmt.Sprintf("commit → client poke p50, %d updates at %d/s", o.updates, o.rate), "ms", p50, dP50, " ms")
+	// The p50s' difference carries the noise of two medians of a loaded
+	// machine's latencies; side by side, each update's own difference
+	// does not, and its median is what the export adds to a commit's way
+	// to the client.
+	p50Cost, p50What := medianF(dP50), fmt.Sprintf("paired median of %d", len(dP50))
+	if len(lag) > 0 {
+		ls := make([]float64, len(lag))
+		for i, d := range lag {
+			ls[i] = ms(d)
+		}
+		slices.Sort(ls)
+		fmt.Printf("| each update's arrival at the exporting process's client less the other's (%d updates): median [p25, p75] | | | %+.3f ms [%+.3f, %+.3f] |\n",
+			len(ls), medianF(ls), ls[len(ls)/4], ls[len(ls)*3/4])
+		p50Cost = medianF(ls)
+		p50What = fmt.Sprintf("median of %d updates' differences; of the rounds' p50s: %+.2f ms", len(ls), medianF(dP50))
+	}
 	fmt.Println()
 	// Postgres's commit rate bounds the throughput measure: jetsync uses
 	// well under a core of the two there. What the export takes from
@@ -368,10 +386,10 @@ func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink) {
 		Met:    medianF(dPaced) < 100*aimOTelThroughputCost,
 	})
 	benchenv.Report(benchenv.Aim{Issue: 16,
-		Name:   fmt.Sprintf("OpenTelemetry export: commit → client p50 cost, %d updates at %d/s (paired median of %d)", o.updates, o.rate, len(dP50)),
-		Figure: fmt.Sprintf("%+.2f ms", medianF(dP50)),
+		Name:   fmt.Sprintf("OpenTelemetry export: commit → client p50 cost, %d updates at %d/s (%s)", o.updates, o.rate, p50What),
+		Figure: fmt.Sprintf("%+.2f ms", p50Cost),
 		Target: fmt.Sprintf("< %.1f ms", aimOTelP50CostMS),
-		Met:    medianF(dP50) < aimOTelP50CostMS,
+		Met:    p50Cost < aimOTelP50CostMS,
 	})
 }
 

@@ -32,9 +32,10 @@ func runOTelSide(ctx context.Context, o options, bin, root string, up *upstream)
 	defer sink.srv.Stop()
 	q := newQueries(o.issues)
 	var off, on []otelRun
+	var lag []time.Duration
 	for round := range o.runs {
 		spans0, points0 := sink.spans.Load(), sink.points.Load()
-		rs, err := measureOTelRound(ctx, bin, root, up.url, q, o, sink, round)
+		rs, l, err := measureOTelRound(ctx, bin, root, up.url, q, o, sink, round)
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
@@ -48,14 +49,15 @@ func runOTelSide(ctx context.Context, o options, bin, root string, up *upstream)
 			}
 		}
 		off, on = append(off, rs[0]), append(on, rs[1])
+		lag = append(lag, l...)
 	}
-	printOTel(o, "side-by-side rounds", off, on, sink)
+	printOTel(o, "side-by-side rounds", off, on, sink, lag)
 	return nil
 }
 
 // measureOTelRound runs the measures on the two processes at once: [0]
 // without export, [1] with.
-func measureOTelRound(ctx context.Context, bin, root, pgURL string, q queries, o options, sink *otlpSink, round int) ([2]otelRun, error) {
+func measureOTelRound(ctx context.Context, bin, root, pgURL string, q queries, o options, sink *otlpSink, round int) ([2]otelRun, []time.Duration, error) {
 	var js [2]*jetsync
 	var profiles [2]string
 	defer func() {
@@ -78,7 +80,7 @@ func measureOTelRound(ctx context.Context, bin, root, pgURL string, q queries, o
 			profiles[i] = filepath.Join(o.otelProfile, fmt.Sprintf("%s-%d.pprof", []string{"off", "on"}[i], round))
 			port, err := benchenv.FreePort()
 			if err != nil {
-				return [2]otelRun{}, err
+				return [2]otelRun{}, nil, err
 			}
 			env = append(env, fmt.Sprintf("JETSYNC_PPROF_ADDR=127.0.0.1:%d", port))
 		}
@@ -92,7 +94,7 @@ func measureOTelRound(ctx context.Context, bin, root, pgURL string, q queries, o
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return [2]otelRun{}, err
+		return [2]otelRun{}, nil, err
 	}
 	bases := []string{js[0].Base, js[1].Base}
 	cpus := func() ([2]time.Duration, error) {
@@ -125,43 +127,43 @@ func measureOTelRound(ctx context.Context, bin, root, pgURL string, q queries, o
 	defer pw.Wait()
 	c0, err := cpus()
 	if err != nil {
-		return [2]otelRun{}, err
+		return [2]otelRun{}, nil, err
 	}
 	tput, err := measureThroughputs(ctx, bases, pgURL, q, o.otelTxns, 0)
 	if err != nil {
-		return [2]otelRun{}, fmt.Errorf("throughput: %w", err)
+		return [2]otelRun{}, nil, fmt.Errorf("throughput: %w", err)
 	}
 	c1, err := cpus()
 	if err != nil {
-		return [2]otelRun{}, err
+		return [2]otelRun{}, nil, err
 	}
 	if _, err := measureThroughputs(ctx, bases, pgURL, q, o.otelPaced, o.otelRate); err != nil {
-		return [2]otelRun{}, fmt.Errorf("paced: %w", err)
+		return [2]otelRun{}, nil, fmt.Errorf("paced: %w", err)
 	}
 	c2, err := cpus()
 	if err != nil {
-		return [2]otelRun{}, err
+		return [2]otelRun{}, nil, err
 	}
 	t2 := time.Now()
-	p50s, err := measureLatencies(ctx, bases, pgURL, q, strings.Split(o.latQs, ","), o.updates, o.rate)
+	p50s, lag, err := measureLatencies(ctx, bases, pgURL, q, strings.Split(o.latQs, ","), o.updates, o.rate)
 	if err != nil {
-		return [2]otelRun{}, fmt.Errorf("latency: %w", err)
+		return [2]otelRun{}, nil, fmt.Errorf("latency: %w", err)
 	}
 	c3, err := cpus()
 	if err != nil {
-		return [2]otelRun{}, err
+		return [2]otelRun{}, nil, err
 	}
 	el := time.Since(t2).Seconds()
 	var out [2]otelRun
 	for i, j := range js {
 		if err := j.AliveNoError(); err != nil {
-			return out, err
+			return out, nil, err
 		}
 		out[i] = otelRun{throughput: tput[i], cpuPerTxn: (c1[i] - c0[i]) / time.Duration(o.otelTxns),
 			pacedCPUPerTxn: (c2[i] - c1[i]) / time.Duration(o.otelPaced),
 			steadyCPU:      (c3[i] - c2[i]).Seconds() / el, p50: p50s[i]}
 	}
-	return out, nil
+	return out, lag, nil
 }
 
 // measureThroughputs is measureThroughput with one client on each of
@@ -260,10 +262,10 @@ func measureThroughputs(ctx context.Context, bases []string, pgURL string, q que
 // of bases holding the queries named (issuesWithLabels shows those
 // issues), the p50 of the time from a commit
 // returning to the pokeEnd carrying its title.
-func measureLatencies(ctx context.Context, bases []string, pgURL string, q queries, names []string, n, rate int) ([]time.Duration, error) {
+func measureLatencies(ctx context.Context, bases []string, pgURL string, q queries, names []string, n, rate int) (p50s, lag []time.Duration, err error) {
 	qs, err := q.named(0, names)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	marker := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
 	committed := make([]time.Time, n)
@@ -272,11 +274,11 @@ func measureLatencies(ctx context.Context, bases []string, pgURL string, q queri
 	for i, base := range bases {
 		c, err := connectGroup(base, fmt.Sprintf("bench-latency-%d-%d", time.Now().UnixNano(), i), qs)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer c.Close()
 		if _, _, err := c.WaitGot(hashes(qs)...); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		arrived[i] = make([]time.Time, n)
 		// An update that a stall let the next one of its row overwrite
@@ -305,7 +307,7 @@ func measureLatencies(ctx context.Context, bases []string, pgURL string, q queri
 	}
 	pg, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer pg.Close(context.WithoutCancel(ctx))
 	tick := time.NewTicker(time.Second / time.Duration(rate))
@@ -314,7 +316,7 @@ func measureLatencies(ctx context.Context, bases []string, pgURL string, q queri
 		<-tick.C
 		id := fmt.Sprintf("i%07d", 1+k%latencyRows)
 		if _, err := pg.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, marker+strconv.Itoa(k), id); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		committed[k] = time.Now()
 	}
@@ -323,26 +325,36 @@ func measureLatencies(ctx context.Context, bases []string, pgURL string, q queri
 		select {
 		case err := <-done:
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		case <-timeout:
-			return nil, fmt.Errorf("not every update reached both clients within a minute of the last commit: %w", errTimeout)
+			return nil, nil, fmt.Errorf("not every update reached both clients within a minute of the last commit: %w", errTimeout)
 		}
 	}
 	// The p50 is over the updates that every client saw, so that an
 	// update one of them missed does not shift one side's figure alone.
 	out := make([]time.Duration, len(bases))
+	var both []int
+	for k := range n {
+		if !slices.ContainsFunc(arrived, func(a []time.Time) bool { return a[k].IsZero() }) {
+			both = append(both, k)
+		}
+	}
 	for i := range bases {
 		var ds []time.Duration
-		for k := range n {
-			if !slices.ContainsFunc(arrived, func(a []time.Time) bool { return a[k].IsZero() }) {
-				ds = append(ds, max(0, arrived[i][k].Sub(committed[k])))
-			}
+		for _, k := range both {
+			ds = append(ds, max(0, arrived[i][k].Sub(committed[k])))
 		}
 		slices.Sort(ds)
 		out[i] = ds[len(ds)/2]
 	}
-	return out, nil
+	// Each update's arrival at the last client less its arrival at the
+	// first: the same commit, so neither the commit's own time nor the
+	// load of the moment is in it.
+	for _, k := range both {
+		lag = append(lag, arrived[len(bases)-1][k].Sub(arrived[0][k]))
+	}
+	return out, lag, nil
 }
 
 // latencyRows is how many issues measureLatencies retitles in turn: each

@@ -210,6 +210,7 @@ func run(o options) error {
 		}
 	}
 	print(rows)
+	reportAims(rows)
 	return nil
 }
 
@@ -582,6 +583,49 @@ func print(rows []row) {
 			fmt.Printf("  %d groups, %d/s: %s\n", r.groups, s.rate, s)
 		}
 	}
+}
+
+// reportAims hands aim 1's figures to benchenv.Report for make bench's
+// table: each referenced size's rate and 1 write/s aims, and the lag's
+// growth from the smallest size to each larger one.
+func reportAims(rows []row) {
+	for _, r := range rows {
+		ref, ok := references[r.groups]
+		if !ok {
+			continue
+		}
+		zc := fmt.Sprintf("p99 ≤ 100 ms up to %s, ≤ 1 s up to %s", ref.zcRate100ms, ref.zcRate1s)
+		if r.ramped {
+			fig := "none within the p99"
+			if r.best.rate > 0 {
+				fig = fmt.Sprintf("%d writes/s at p99 %.1f ms", r.best.rate, ms(r.best.p99))
+			}
+			benchenv.Report(benchenv.Aim{Issue: 17, Name: fmt.Sprintf("fan-out, %d groups, highest rate within p99 ≤ %.0f ms", r.groups, ref.aimP99MS),
+				Figure: fig, Target: fmt.Sprintf("≥ %d writes/s", ref.aimRate), Ref: zc, Met: r.best.rate >= ref.aimRate})
+		}
+		if ref.aimP50MS > 0 {
+			fig := fmt.Sprintf("%.1f ms", ms(r.slow.p50))
+			if r.slow.missing > 0 {
+				fig += fmt.Sprintf(", %d never arrived", r.slow.missing)
+			}
+			benchenv.Report(benchenv.Aim{Issue: 17, Name: fmt.Sprintf("fan-out, %d groups, lag p50 at 1 write/s", r.groups),
+				Figure: fig, Target: fmt.Sprintf("≤ %.0f ms", ref.aimP50MS), Ref: fmt.Sprintf("%.0f ms", ref.zcP50MS),
+				Met: r.slow.missing == 0 && ms(r.slow.p50) <= ref.aimP50MS})
+		}
+	}
+	if len(rows) < 2 || rows[0].slow.p50 <= 0 {
+		return
+	}
+	base := rows[0]
+	var figs []string
+	sublinear := true
+	for _, r := range rows[1:] {
+		lr, gr := float64(r.slow.p50)/float64(base.slow.p50), float64(r.groups)/float64(base.groups)
+		figs = append(figs, fmt.Sprintf("%d: %.2f× for %.0f×", r.groups, lr, gr))
+		sublinear = sublinear && lr < gr && r.slow.missing == 0
+	}
+	benchenv.Report(benchenv.Aim{Issue: 17, Name: fmt.Sprintf("fan-out, lag p50 at 1 write/s vs %d groups", base.groups),
+		Figure: strings.Join(figs, "; "), Target: "sublinear in groups", Met: sublinear})
 }
 
 func sub(ok bool) string {

@@ -285,3 +285,120 @@ func measureClient(ctx context.Context, node, base string, runs, issues int) ([]
 	}
 	return ds, nil
 }
+
+// measureLoaded is measureLatency at an offered rate one connection cannot
+// commit: conns Postgres connections each commit n/conns single-row UPDATEs
+// at rate/conns per second. Each connection retitles its own share of the
+// 30 issues the client's issuesWithLabels query shows, so that the updates
+// of one row are in commit order: a poke that carries a row's newest title
+// delivers its earlier updates too (several may be batched into one poke).
+// It returns the latencies and the rate Postgres actually committed at.
+func measureLoaded(ctx context.Context, base, pgURL string, q queries, names []string, n, rate, conns int) (*latencies, float64, error) {
+	if !slices.Contains(names, "issuesWithLabels") {
+		return nil, 0, errors.New("the latency client must hold issuesWithLabels, whose rows the updates change")
+	}
+	if conns < 1 || conns > 30 || rate < conns {
+		return nil, 0, fmt.Errorf("need 1 to 30 connections and at least one update per second each; have %d connections at %d/s", conns, rate)
+	}
+	qs, err := q.named(0, names)
+	if err != nil {
+		return nil, 0, err
+	}
+	c, err := connectGroup(base, fmt.Sprintf("bench-loaded-%d", time.Now().UnixNano()), qs)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer c.Close()
+	if _, _, err := c.WaitGot(hashes(qs)...); err != nil {
+		return nil, 0, err
+	}
+	per := n / conns
+	n = per * conns
+	pgs := make([]*pgx.Conn, conns)
+	for k := range pgs {
+		if pgs[k], err = pgx.Connect(ctx, pgURL); err != nil {
+			return nil, 0, err
+		}
+		defer pgs[k].Close(context.WithoutCancel(ctx))
+	}
+
+	// Update (k, s) is connection k's s-th, of its row s % len(rows[k]);
+	// its title is marker + "k-s".
+	marker := fmt.Sprintf("load-%d-", time.Now().UnixNano())
+	rows := make([][]string, conns)
+	for r := range 30 {
+		rows[r%conns] = append(rows[r%conns], fmt.Sprintf("i%07d", 1+r))
+	}
+	committed := make([][]time.Time, conns)
+	arrived := make([][]time.Time, conns)
+	for k := range conns {
+		committed[k] = make([]time.Time, per)
+		arrived[k] = make([]time.Time, per)
+	}
+	done := make(chan error, 1)
+	go func() {
+		seen := 0
+		for seen < n {
+			p, err := c.NextPoke(marker)
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, t := range p.Markers {
+				ks, ss, ok := strings.Cut(strings.TrimPrefix(t, marker), "-")
+				k, err1 := strconv.Atoi(ks)
+				s, err2 := strconv.Atoi(ss)
+				if !ok || err1 != nil || err2 != nil || k < 0 || k >= conns || s < 0 || s >= per {
+					continue
+				}
+				// Every earlier update of the row is delivered with it.
+				for e := s; e >= 0; e -= len(rows[k]) {
+					if !arrived[k][e].IsZero() {
+						break
+					}
+					arrived[k][e] = p.End
+					seen++
+				}
+			}
+		}
+		done <- nil
+	}()
+	start := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	for k := range conns {
+		g.Go(func() error {
+			tick := time.NewTicker(time.Second * time.Duration(conns) / time.Duration(rate))
+			defer tick.Stop()
+			for s := range per {
+				<-tick.C
+				title := marker + strconv.Itoa(k) + "-" + strconv.Itoa(s)
+				if _, err := pgs[k].Exec(gctx, `UPDATE issue SET title = $1 WHERE id = $2`, title, rows[k][s%len(rows[k])]); err != nil {
+					return err
+				}
+				committed[k][s] = time.Now()
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, 0, err
+	}
+	achieved := float64(n) / time.Since(start).Seconds()
+	select {
+	case err := <-done:
+		if err != nil {
+			return nil, 0, err
+		}
+	case <-time.After(time.Minute):
+		c.Close()
+		return nil, 0, fmt.Errorf("not every update reached the client within a minute of the last commit: %w", errTimeout)
+	}
+	ds := make([]time.Duration, 0, n)
+	for k := range conns {
+		for s := range per {
+			ds = append(ds, max(0, arrived[k][s].Sub(committed[k][s])))
+		}
+	}
+	slices.Sort(ds)
+	return &latencies{n: n, queries: len(qs), p50: ds[n/2], p95: ds[n*95/100], p99: ds[n*99/100]}, achieved, nil
+}

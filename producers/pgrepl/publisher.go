@@ -187,6 +187,12 @@ func (p *publisher) awaitOldest() error {
 	}
 }
 
+// inFlight reports whether a published message awaits its PubAck.
+func (p *publisher) inFlight() bool {
+	p.settle()
+	return !p.idle()
+}
+
 // idle reports whether every message published has been acked.
 func (p *publisher) idle() bool { return p.head == len(p.pending) }
 

@@ -272,16 +272,14 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 					}
 				}
 			}
-			if len(events) == 0 {
+			// Group commit: while a message awaits its PubAck (the
+			// stream's fsync), the transactions that arrive wait in the
+			// packer and go as one message, with one fsync, at its ack.
+			if len(events) == 0 && !pub.inFlight() {
 				pk.flush()
 			}
-			for _, m := range pk.take() {
-				if pos.partial() && len(m.msg.Parts) > 0 && m.first().Watermark == pos.resumeWM && m.last().Num <= pos.resumePart {
-					m = &outMsg{confirm: m.confirm} // already in the stream
-				}
-				if err := pub.publish(m); err != nil {
-					return err
-				}
+			if err := publishTaken(pk, pub, pos); err != nil {
+				return err
 			}
 			if resumed {
 				pos.resumePart, resumed = allParts, false
@@ -301,6 +299,13 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 					st.record(pub.confirmed, s.m)
 				}
 			}
+			// The transactions held for it go now.
+			if len(events) == 0 && !pub.inFlight() {
+				pk.flush()
+				if err := publishTaken(pk, pub, pos); err != nil {
+					return err
+				}
+			}
 		case err := <-errc:
 			return pub.failed(err)
 		case <-ticker.C:
@@ -315,6 +320,20 @@ func (s *Source) publishLoop(ctx context.Context, events <-chan event, pub *publ
 			return ctx.Err()
 		}
 	}
+}
+
+// publishTaken publishes the messages the packer has emitted, those a
+// resumed session finds in the stream already as confirms only.
+func publishTaken(pk *packer, pub *publisher, pos position) error {
+	for _, m := range pk.take() {
+		if pos.partial() && len(m.msg.Parts) > 0 && m.first().Watermark == pos.resumeWM && m.last().Num <= pos.resumePart {
+			m = &outMsg{confirm: m.confirm} // already in the stream
+		}
+		if err := pub.publish(m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // status sends standby status updates. The reader answers keepalives with

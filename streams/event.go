@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -425,8 +426,12 @@ func Value(raw json.RawMessage) (any, error) {
 	case c == '{' || c == '[':
 		return string(raw), nil
 	default:
-		if i, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
-			return i, nil
+		// A fraction or exponent is no integer: spare the failed ParseInt,
+		// whose error allocates.
+		if bytes.IndexAny(raw, ".eE") < 0 {
+			if i, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+				return i, nil
+			}
 		}
 		f, err := strconv.ParseFloat(string(raw), 64)
 		// Like zero-cache's Number(text), a numeric beyond float64 becomes ±Inf.

@@ -605,11 +605,12 @@ func (a *Applier) backfill(ctx context.Context, tx *sql.Tx, t *table, c *streams
 		names[i] = cols[i].quoted
 	}
 	names[len(c.Columns)] = quoteIdent(VersionColumn)
-	width := len(names)
-	per := min(DefaultBackfillRows, maxVariables/width)
+	width := len(c.Columns)
+	per := min(DefaultBackfillRows, maxVariables/max(width, 1))
 	head := "INSERT OR REPLACE INTO " + quoteIdent(t.name) + " (" + strings.Join(names, ", ") + ") VALUES "
-	tuple := "(" + strings.Repeat("?, ", width-1) + "?)"
-	key := "b\x00" + strings.Join(c.Columns, "\x00")
+	// Every row has the same version: a literal spares a bind per row.
+	tuple := "(" + strings.Repeat("?, ", width) + sqlLiteral(version) + ")"
+	key := "b\x00" + version + "\x00" + strings.Join(c.Columns, "\x00")
 	args := make([]any, 0, per*width)
 	for rows := c.Rows; len(rows) > 0; {
 		n := min(per, len(rows))
@@ -629,7 +630,6 @@ func (a *Applier) backfill(ctx context.Context, tx *sql.Tx, t *table, c *streams
 				}
 				args = append(args, v)
 			}
-			args = append(args, version)
 		}
 		if _, err := st.ExecContext(ctx, args...); err != nil {
 			return fmt.Errorf("backfill %s: %w", t.name, err)

@@ -105,6 +105,10 @@ type Table struct {
 	name              string
 	estRows, estBytes int64 // 0: unknown
 	rows, bytes       atomic.Int64
+	// The table's counters, looked up on the first Add only: Add runs for
+	// every row a COPY sends, and a label lookup costs more than the count.
+	counters      sync.Once
+	rowsC, bytesC prometheus.Counter
 
 	// Under c.mu.
 	began, finished bool
@@ -251,8 +255,9 @@ func (t *Table) Add(rows, bytes int64) {
 	t.rows.Add(rows)
 	t.bytes.Add(bytes)
 	if m := t.c.m; m != nil {
-		m.rows.WithLabelValues(t.name).Add(float64(rows))
-		m.bytes.WithLabelValues(t.name).Add(float64(bytes))
+		t.counters.Do(func() { t.rowsC, t.bytesC = m.rows.WithLabelValues(t.name), m.bytes.WithLabelValues(t.name) })
+		t.rowsC.Add(float64(rows))
+		t.bytesC.Add(float64(bytes))
 	}
 }
 

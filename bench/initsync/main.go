@@ -183,7 +183,8 @@ func run(o options) error {
 		Met: f.slope >= 1e6})
 	benchenv.Report(benchenv.Aim{Issue: 17, Name: "initial sync fixed start-up cost",
 		Figure: f.fixed.Round(time.Millisecond).String(), Target: "< 500ms",
-		Met: f.slope > 0 && f.fixed < 500*time.Millisecond})
+		// A negative intercept is noise, not a cost under the aim.
+		Met: f.slope > 0 && f.fixed >= 0 && f.fixed < 500*time.Millisecond})
 	return nil
 }
 

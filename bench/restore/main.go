@@ -2,20 +2,30 @@
 // megabytes is snapshotted into the object store of an embedded NATS
 // server (the production server.conf), then restored into a new file.
 // It reports the download (with its SHA-256 digest, fsync and rename) in
-// MB/s, the quick_check apart, and the catch-up of -txs transactions
-// published after the snapshot.
+// MB/s against issue 17's aim, the quick_check apart, and the catch-up of
+// -txs transactions published after the snapshot.
+//
+// Beside each restore it measures the ceilings the download cannot pass,
+// each alone: the disk's write and fsync of as many bytes in the restore's
+// folder, the NATS server reading the snapshot's chunks out of its file
+// store to a consumer that drops them, and SHA-256 over memory. With
+// -tmpfs it also restores into a folder in memory, which leaves out the
+// disk: what the download itself achieves.
 package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -41,6 +51,9 @@ func main() {
 	dir := flag.String("dir", "", "working directory; default a temporary one, removed afterwards")
 	flag.BoolVar(&verbose, "v", false, "log the restore (at debug level) to stderr")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the restore (download, digest, quick_check) to this file")
+	flag.StringVar(&blockProfile, "blockprofile", "", "write a block profile of the first restore to this file")
+	flag.StringVar(&tmpfs, "tmpfs", defaultTmpfs(), "a folder in memory to restore into as well, leaving the disk out; empty skips it")
+	flag.BoolVar(&memProfile, "profile-tmpfs", false, "profile the first restore into -tmpfs rather than the first into the disk")
 	flag.Parse()
 	if err := run(*mb, *txs, *dir); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/restore:", err)
@@ -49,10 +62,24 @@ func main() {
 }
 
 var (
-	cpuProfile string
-	verbose    bool
-	runs       int
+	cpuProfile   string
+	blockProfile string
+	tmpfs        string
+	memProfile   bool
+	verbose      bool
+	runs         int
 )
+
+// aimMBps is issue 17's aim 7 for the download.
+const aimMBps = 500
+
+// defaultTmpfs is /dev/shm where it is a folder.
+func defaultTmpfs() string {
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		return "/dev/shm"
+	}
+	return ""
+}
 
 type env struct {
 	js      jetstream.JetStream
@@ -267,58 +294,91 @@ func run(mb, txs int, dir string) error {
 	}
 
 	dst := filepath.Join(dir, "view-syncer.db")
-	rlog := quiet
-	if verbose {
-		rlog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	memFile := ""
+	if tmpfs != "" && freeBytes(tmpfs) < 2*snap.Size {
+		fmt.Printf("skipping the restore into %s: it has less room than twice the snapshot\n", tmpfs)
+	} else if tmpfs != "" {
+		d, err := os.MkdirTemp(tmpfs, "jetsync-bench-restore-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		memFile = filepath.Join(d, "view-syncer.db")
 	}
+	store, err := js.ObjectStore(ctx, e.shard.SnapshotBucket())
+	if err != nil {
+		return err
+	}
+	oinfo, err := store.GetInfo(ctx, snap.Name)
+	if err != nil {
+		return err
+	}
+	shaRate := sha256Rate()
+	fmt.Printf("sha256 over memory: %.0f MB/s\n", shaRate)
 	// The setup's gigabytes of dirty pages (the replica, the snapshot's
 	// copy) would otherwise be written back during the first restore.
 	syscall.Sync()
 	// The disk and CPUs of a shared machine vary by run: restore several
-	// times and report the median too. The last restore is caught up.
+	// times, each beside its ceilings, and report medians. The last restore
+	// into dst is caught up.
 	var h *restore.Hold
-	var rates []float64
+	var rates, memRates, diskRates, natsRates []float64
 	for i := range runs {
-		if h != nil {
-			if err := h.End(ctx); err != nil {
-				return err
-			}
-			for _, s := range []string{"", "-wal", "-shm"} {
-				os.Remove(dst + s)
-			}
-		}
-		reg := prometheus.NewRegistry()
-		r, err := restore.New(restore.Config{File: dst, Shard: e.shard, TaskID: "vs", Logger: rlog, Registerer: reg, ProgressEvery: time.Second}, js)
+		d, dcpu, err := diskRate(filepath.Dir(dst), snap.Size)
 		if err != nil {
 			return err
 		}
-		if cpuProfile != "" && i == 0 {
-			pf, err := os.Create(cpuProfile)
+		diskRates = append(diskRates, d)
+		n, ncpu, err := natsRate(ctx, js, e.shard, oinfo)
+		if err != nil {
+			return err
+		}
+		natsRates = append(natsRates, n)
+		fmt.Printf("round %d alone: disk write + fsync %.0f MB/s, cpu %.2f ms/MB; NATS chunk read %.0f MB/s, cpu %.2f ms/MB\n", i+1, d, dcpu, n, ncpu)
+		if memFile != "" {
+			mh, rate, err := restoreOnce(ctx, js, e.shard, memFile, fmt.Sprintf("restore %d into tmpfs", i+1), i == 0 && memProfile)
 			if err != nil {
 				return err
 			}
-			if err := pprof.StartCPUProfile(pf); err != nil {
+			memRates = append(memRates, rate)
+			if err := endAndRemove(ctx, mh, memFile); err != nil {
 				return err
 			}
 		}
-		t0 = time.Now()
-		if h, err = r.Restore(ctx); err != nil {
+		if h != nil {
+			if err := endAndRemove(ctx, h, dst); err != nil {
+				return err
+			}
+		}
+		var rate float64
+		if h, rate, err = restoreOnce(ctx, js, e.shard, dst, fmt.Sprintf("restore %d", i+1), i == 0 && !memProfile); err != nil {
 			return err
 		}
-		total := time.Since(t0)
-		if cpuProfile != "" && i == 0 {
-			pprof.StopCPUProfile()
-		}
-		check := time.Duration(histSum(reg, "zero_replica_restore_validation_duration_seconds") * float64(time.Second))
-		dl := total - check
-		size := float64(h.Result().Bytes) / 1e6
-		rates = append(rates, size/dl.Seconds())
-		fmt.Printf("restore %d: %.0f MB; download + sha256 + fsync + rename %s = %.0f MB/s; quick_check (+ state read) %s = %.0f MB/s; total %s\n",
-			i+1, size, dl.Round(time.Millisecond), size/dl.Seconds(), check.Round(time.Millisecond), size/check.Seconds(), total.Round(time.Millisecond))
+		rates = append(rates, rate)
 	}
-	slices.Sort(rates)
+	med := median(rates)
 	fmt.Printf("restore (download + sha256 + fsync + rename): median %.0f MB/s of %d runs (min %.0f, max %.0f)\n",
-		rates[len(rates)/2], len(rates), rates[0], rates[len(rates)-1])
+		med, len(rates), slices.Min(rates), slices.Max(rates))
+	diskMed, natsMed := median(diskRates), median(natsRates)
+	fmt.Printf("ceilings alone, medians: disk write + fsync %.0f MB/s, NATS chunk read %.0f MB/s, sha256 %.0f MB/s\n", diskMed, natsMed, shaRate)
+	wall, wallRate := "the disk's write + fsync", diskMed
+	if natsMed < wallRate {
+		wall, wallRate = "the NATS server's chunk reads", natsMed
+	}
+	if shaRate < wallRate {
+		wall, wallRate = "sha256", shaRate
+	}
+	fmt.Printf("the lowest ceiling is %s: the restore runs at %.2f× it\n", wall, med/wallRate)
+	benchenv.Report(benchenv.Aim{Issue: 17, Name: "restore: download + sha256 + fsync + rename",
+		Figure: fmt.Sprintf("%.0f MB/s (%.2f× %s alone, %.0f MB/s)", med, med/wallRate, wall, wallRate),
+		Target: fmt.Sprintf("≥ %d MB/s", aimMBps), Met: med >= aimMBps})
+	if len(memRates) > 0 {
+		mm := median(memRates)
+		fmt.Printf("restore into tmpfs: median %.0f MB/s of %d runs (min %.0f, max %.0f)\n", mm, len(memRates), slices.Min(memRates), slices.Max(memRates))
+		benchenv.Report(benchenv.Aim{Issue: 17, Name: "restore into tmpfs (the disk left out)",
+			Figure: fmt.Sprintf("%.0f MB/s (NATS chunk read alone %.0f MB/s)", mm, natsMed),
+			Target: fmt.Sprintf("≥ %d MB/s", aimMBps), Met: mm >= aimMBps})
+	}
 
 	t0 = time.Now()
 	vs, stopVS, err := runReplica(js, e.shard, dst, "vs")
@@ -335,4 +395,186 @@ func run(mb, txs int, dir string) error {
 	stopVS()
 	fmt.Printf("catch-up: %d transactions in %s = %.0f tx/s (consumer start included)\n", txs, catch.Round(time.Millisecond), float64(txs)/catch.Seconds())
 	return nil
+}
+
+// restoreOnce restores the newest snapshot into file, prints its figures
+// as label, and returns its hold and its download rate in MB/s (the
+// quick_check left out). profile writes the profiles asked for.
+func restoreOnce(ctx context.Context, js jetstream.JetStream, shard streams.Shard, file, label string, profile bool) (*restore.Hold, float64, error) {
+	rlog := slog.New(slog.DiscardHandler)
+	if verbose {
+		rlog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	reg := prometheus.NewRegistry()
+	r, err := restore.New(restore.Config{File: file, Shard: shard, TaskID: "vs", Logger: rlog, Registerer: reg, ProgressEvery: time.Second}, js)
+	if err != nil {
+		return nil, 0, err
+	}
+	if profile && cpuProfile != "" {
+		pf, err := os.Create(cpuProfile)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return nil, 0, err
+		}
+	}
+	if profile && blockProfile != "" {
+		runtime.SetBlockProfileRate(int((10 * time.Microsecond).Nanoseconds()))
+	}
+	cpu0 := cpuTime()
+	t0 := time.Now()
+	h, err := r.Restore(ctx)
+	total := time.Since(t0)
+	cpu := cpuTime() - cpu0
+	if profile && cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if profile && blockProfile != "" {
+		runtime.SetBlockProfileRate(0)
+		if perr := writeProfile("block", blockProfile); err == nil {
+			err = perr
+		}
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	check := time.Duration(histSum(reg, "zero_replica_restore_validation_duration_seconds") * float64(time.Second))
+	dl := total - check
+	size := float64(h.Result().Bytes) / 1e6
+	fmt.Printf("%s: %.0f MB; download + sha256 + fsync + rename %s = %.0f MB/s; quick_check (+ state read) %s = %.0f MB/s; total %s, cpu %.2f ms/MB\n",
+		label, size, dl.Round(time.Millisecond), size/dl.Seconds(), check.Round(time.Millisecond), size/check.Seconds(), total.Round(time.Millisecond),
+		float64(cpu.Microseconds())/1e3/size)
+	return h, size / dl.Seconds(), nil
+}
+
+func writeProfile(name, file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// endAndRemove ends a restore's hold and removes the replica it restored.
+func endAndRemove(ctx context.Context, h *restore.Hold, file string) error {
+	if err := h.End(ctx); err != nil {
+		return err
+	}
+	for _, s := range []string{"", "-wal", "-shm"} {
+		os.Remove(file + s)
+	}
+	return nil
+}
+
+// freeBytes is the room left in dir's file system, 0 when unknown.
+func freeBytes(dir string) int64 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// cpuTime is the process's user and system time so far: the NATS server
+// is embedded, so its side of a restore counts too.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func msPerMB(cpu time.Duration, bytes int64) float64 {
+	return float64(cpu.Microseconds()) / 1e3 / (float64(bytes) / 1e6)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// ceilingChunk is the size of the disk ceiling's writes, a snapshot chunk's.
+const ceilingChunk = 1 << 20
+
+// diskRate writes size bytes (not zeros, which some storage stores as
+// holes) to a new file in dir, fsyncs it and removes it: the rate at which
+// the disk takes a restore's writes at best, in MB/s, and its CPU time in
+// ms/MB.
+func diskRate(dir string, size int64) (rate, cpu float64, err error) {
+	buf := make([]byte, ceilingChunk)
+	rand.NewChaCha8([32]byte{}).Read(buf)
+	f, err := os.CreateTemp(dir, "disk-ceiling-")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	cpu0 := cpuTime()
+	t0 := time.Now()
+	for n := int64(0); n < size; n += ceilingChunk {
+		if _, err := f.Write(buf[:min(ceilingChunk, size-n)]); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return 0, 0, err
+	}
+	return float64(size) / 1e6 / time.Since(t0).Seconds(), msPerMB(cpuTime()-cpu0, size), nil
+}
+
+// ceilingPull is how many chunks the NATS ceiling's consumer keeps in
+// flight, as many as the restore's.
+const ceilingPull = 32
+
+// natsRate reads the snapshot's chunks as a restore does, with an ordered
+// consumer of their subject, and drops them: the rate at which the NATS
+// server reads its file store and sends them, in MB/s, and the CPU time
+// of both sides in ms/MB.
+func natsRate(ctx context.Context, js jetstream.JetStream, shard streams.Shard, info *jetstream.ObjectInfo) (rate, cpu float64, err error) {
+	cpu0 := cpuTime()
+	t0 := time.Now()
+	oc, err := js.OrderedConsumer(ctx, "OBJ_"+shard.SnapshotBucket(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{shard.SnapshotChunks(info.NUID)},
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(ceilingPull))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer it.Stop()
+	var n int64
+	for range info.Chunks {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return 0, 0, err
+		}
+		n += int64(len(msg.Data()))
+	}
+	if n != int64(info.Size) {
+		return 0, 0, fmt.Errorf("read %d bytes of chunks, the object has %d", n, info.Size)
+	}
+	return float64(n) / 1e6 / time.Since(t0).Seconds(), msPerMB(cpuTime()-cpu0, n), nil
+}
+
+// sha256Rate is SHA-256's rate over memory in MB/s, the best of three
+// passes over 256 MiB.
+func sha256Rate() float64 {
+	buf := make([]byte, 256<<20)
+	best := 0.0
+	for range 3 {
+		t0 := time.Now()
+		sha256.Sum256(buf)
+		best = max(best, float64(len(buf))/1e6/time.Since(t0).Seconds())
+	}
+	return best
 }

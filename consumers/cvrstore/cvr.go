@@ -55,6 +55,9 @@ type CVR struct {
 	// oneRef holds, per query, the refs map of the rows only it holds,
 	// which they share (hold).
 	oneRef map[string]map[string]int
+	// updates counts the query updates begun, which mark the rows they
+	// touch (Row.gen).
+	updates uint64
 
 	// lease and w are the durable store's handles, nil in memory.
 	lease *Lease
@@ -84,7 +87,7 @@ func New(id string) *CVR {
 func (c *CVR) Reset() {
 	*c = CVR{
 		ID: c.ID, Clients: map[string]*Client{}, Queries: map[string]*Query{}, Rows: map[string]*Row{},
-		Now: c.Now, clockAt: c.clockAt, oneRef: c.oneRef, lease: c.lease, w: c.w, written: c.written, track: c.track,
+		Now: c.Now, clockAt: c.clockAt, oneRef: c.oneRef, updates: c.updates, lease: c.lease, w: c.w, written: c.written, track: c.track,
 	}
 }
 
@@ -191,7 +194,14 @@ type Row struct {
 	// the rows one query holds share one map.
 	Refs         map[string]int
 	PatchVersion string
+	// gen and at mark the query update that last touched the record, and
+	// its entry there (Update.touched).
+	gen uint64
+	at  int
 }
+
+// id is the record's identity, as c.Rows keys it.
+func (r *Row) id() string { return r.Table + "\x00" + r.Key }
 
 // KeyID is the identity of the row of table whose canonical key JSON is
 // key: the table, a NUL, the key. The view-syncer builds the same from a

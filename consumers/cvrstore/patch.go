@@ -31,6 +31,14 @@ type Patch struct {
 // Delta is the update's patches, for the clients at its starting version,
 // but for the rows in skip (streamed already).
 func (u *Update) Delta(skip map[string]struct{}) iter.Seq[Patch] {
+	return u.delta(skip, false)
+}
+
+// Unstreamed is the update's patches but for the rows whose puts were
+// streamed (Stream): the rest of a poke begun while it was built.
+func (u *Update) Unstreamed() iter.Seq[Patch] { return u.delta(nil, true) }
+
+func (u *Update) delta(skip map[string]struct{}, unstreamed bool) iter.Seq[Patch] {
 	c := u.c
 	return func(yield func(Patch) bool) {
 		for _, k := range u.desires {
@@ -47,11 +55,16 @@ func (u *Update) Delta(skip map[string]struct{}) iter.Seq[Patch] {
 				}
 			}
 		}
-		for _, id := range u.rows {
-			if _, ok := skip[id]; ok {
+		for _, rec := range u.rows {
+			if skip != nil {
+				if _, ok := skip[rec.id()]; ok {
+					continue
+				}
+			}
+			if unstreamed && u.Streamed(rec) {
 				continue
 			}
-			if rec := c.Rows[id]; rec != nil && rec.PatchVersion == u.Version {
+			if rec.PatchVersion == u.Version {
 				if !yield(Patch{Kind: RowPatch, Del: rec.Refs == nil, Row: rec}) {
 					return
 				}

@@ -372,25 +372,30 @@ func sameDesire(a, b streams.CVRDesire) bool {
 // as put-rows events: ~32 bytes a row against ~145 for a put-row each
 // (go run ./bench/cvr prints the bytes per row).
 func rowEvents(c *CVR, u *Update) []streams.CVREvent {
-	all := u.Reset
-	ids := u.rowOrder
-	if all {
-		ids = sortedKeys(c.Rows)
-	}
 	var b streams.CVRRowEvents
-	for _, id := range ids {
-		rec := c.Rows[id]
-		if rec == nil {
-			continue
-		}
-		if st := u.rowStart[id]; !all && st.existed && st.version == rec.RowVersion &&
-			st.patchVersion == rec.PatchVersion && (st.refs == nil) == (rec.Refs == nil) && maps.Equal(st.refs, rec.Refs) {
-			continue
-		}
+	add := func(rec *Row) {
 		// Publish applies the events after it returns: they may share
 		// the record's refs, which are replaced, never changed (addRef).
 		b.Add(streams.CVRRow{Table: rec.Table, Key: json.RawMessage(rec.Key), RowVersion: rec.RowVersion,
 			PatchVersion: rec.PatchVersion, Refs: rec.Refs})
+	}
+	if u.Reset {
+		for _, id := range sortedKeys(c.Rows) {
+			add(c.Rows[id])
+		}
+		return b.Events()
+	}
+	for i := range u.touched {
+		e := &u.touched[i]
+		rec, st := e.rec, e.st(u)
+		if rec == nil {
+			continue
+		}
+		if st.existed && st.version == rec.RowVersion && st.patchVersion == rec.PatchVersion &&
+			(st.refs == nil) == (rec.Refs == nil) && maps.Equal(st.refs, rec.Refs) {
+			continue
+		}
+		add(rec)
 	}
 	return b.Events()
 }

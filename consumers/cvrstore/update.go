@@ -27,15 +27,37 @@ type Update struct {
 	// a re-hydration after a resync resends only what differs.
 	Compare bool
 
-	rowStart map[string]rowStart
-	rowOrder []string
-	rows     []string // IDs of rows whose PatchVersion is Version
-	queries  []string
-	desires  []DesireKey
+	// touched holds the rows the update touched, in order, each with its
+	// state before; a record finds its entry by its touch mark (Row.gen,
+	// Row.at), so that a whole-table hydration builds no map of 100k
+	// entries beside the CVR's own.
+	touched []touchedRow
+	starts  []rowStart
+	gen     uint64
+	rows    []*Row // the rows whose PatchVersion is Version
+	queries []string
+	desires []DesireKey
 }
 
 // DesireKey names one client's desire for one query.
 type DesireKey struct{ ClientID, Hash string }
+
+// touchedRow is a row the update touched: its record (nil once Finish
+// forgot a row never sent), how the update found it (starts[start], or
+// absent when start is -1), and whether its put was streamed (Stream).
+// It is small: a hydration touches every row of its query.
+type touchedRow struct {
+	rec      *Row
+	start    int32
+	streamed bool
+}
+
+func (e *touchedRow) st(u *Update) rowStart {
+	if e.start < 0 {
+		return rowStart{}
+	}
+	return u.starts[e.start]
+}
 
 // rowStart is a row as the update found it.
 type rowStart struct {
@@ -57,7 +79,8 @@ func (c *CVR) BeginConfig() *Update {
 // BeginQuery starts a query-driven update at replica state version state:
 // the CVR moves to it if it is newer (docs/protocol.md §6.3).
 func (c *CVR) BeginQuery(state string) *Update {
-	u := &Update{c: c, From: c.Version, Version: c.Version, Query: true, rowStart: map[string]rowStart{}}
+	c.updates++
+	u := &Update{c: c, From: c.Version, Version: c.Version, Query: true, gen: c.updates}
 	if state > StateOf(c.Version) {
 		u.Version = state
 	}
@@ -225,19 +248,37 @@ func (u *Update) Unget(hash string) {
 	}
 }
 
-func (u *Update) touchRow(id string, rec *Row) {
-	if _, ok := u.rowStart[id]; ok {
+func (u *Update) touchRow(rec *Row) {
+	if rec != nil && rec.gen == u.gen {
 		return
 	}
-	var st rowStart
+	e := touchedRow{rec: rec, start: -1}
 	if rec != nil {
-		st = rowStart{existed: true, version: rec.RowVersion, patchVersion: rec.PatchVersion, refs: rec.Refs} // never changed in place
+		st := rowStart{existed: true, version: rec.RowVersion, patchVersion: rec.PatchVersion, refs: rec.Refs} // never changed in place
 		if rec.Refs != nil {
 			st.live, st.value = true, rec.Value
 		}
+		e.start = int32(len(u.starts))
+		u.starts = append(u.starts, st)
+		rec.gen, rec.at = u.gen, len(u.touched)
 	}
-	u.rowStart[id] = st
-	u.rowOrder = append(u.rowOrder, id)
+	u.touched = append(u.touched, e)
+}
+
+// entry is rec's touched entry, nil if u did not touch it.
+func (u *Update) entry(rec *Row) *touchedRow {
+	if rec == nil || u.gen == 0 || rec.gen != u.gen {
+		return nil
+	}
+	return &u.touched[rec.at]
+}
+
+// start is how u found rec: the zero rowStart for a row it created.
+func (u *Update) start(rec *Row) rowStart {
+	if e := u.entry(rec); e != nil {
+		return e.st(u)
+	}
+	return rowStart{}
 }
 
 // Hold makes the query hash hold the row id (key its canonical key JSON)
@@ -246,10 +287,12 @@ func (u *Update) touchRow(id string, rec *Row) {
 func (u *Update) Hold(id, key, hash string, r zql.RowValue) *Row {
 	c := u.c
 	rec := c.Rows[id]
-	u.touchRow(id, rec)
+	u.touchRow(rec)
 	if rec == nil {
 		rec = &Row{Table: r.Table(), Key: key}
 		c.Rows[id] = rec
+		rec.gen, rec.at = u.gen, len(u.touched)-1
+		u.touched[len(u.touched)-1].rec = rec
 	}
 	c.addRef(rec, hash)
 	rec.Value, rec.RowVersion = r, r.Version()
@@ -260,7 +303,7 @@ func (u *Update) Hold(id, key, hash string, r zql.RowValue) *Row {
 // row no query holds into a del.
 func (u *Update) Release(id, hash string) {
 	rec := u.c.Rows[id]
-	u.touchRow(id, rec)
+	u.touchRow(rec)
 	delRef(rec, hash)
 }
 
@@ -268,7 +311,21 @@ func (u *Update) Release(id, hash string) {
 // stays live to the end of the update: it is new to the clients, or
 // changed.
 func (u *Update) Put(id string, rec *Row) bool {
-	return putNeeded(u.rowStart[id], rec, u.Compare)
+	return putNeeded(u.start(rec), rec, u.Compare)
+}
+
+// Stream records that the put of rec, held by u, was streamed: Finish
+// checks that it ends as one, and Unstreamed leaves it out.
+func (u *Update) Stream(rec *Row) {
+	if e := u.entry(rec); e != nil {
+		e.streamed = true
+	}
+}
+
+// Streamed reports whether the put of rec was streamed (Stream).
+func (u *Update) Streamed(rec *Row) bool {
+	e := u.entry(rec)
+	return e != nil && e.streamed
 }
 
 func putNeeded(st rowStart, rec *Row, compare bool) bool {
@@ -322,31 +379,38 @@ func delRef(rec *Row, hash string) {
 // query holds any more (docs/protocol.md §7.1). A row never sent is
 // forgotten.
 //
-// streamed holds the rows already sent as puts: each must end as one, or a
-// client would hold a row the CVR does not record.
+// streamed holds rows already sent as puts, beside those marked by
+// Stream: each must end as one, or a client would hold a row the CVR does
+// not record.
 func (u *Update) Finish(streamed map[string]struct{}) error {
 	c := u.c
-	for _, id := range u.rowOrder {
-		st, rec := u.rowStart[id], c.Rows[id]
+	for i := range u.touched {
+		e := &u.touched[i]
+		st, rec := e.st(u), e.rec
 		live := len(rec.Refs) > 0
 		put := live && putNeeded(st, rec, u.Compare)
 		if !put {
-			if _, ok := streamed[id]; ok {
-				return fmt.Errorf("row %q was streamed as a put but is not one", id)
+			ok := e.streamed
+			if !ok && streamed != nil {
+				_, ok = streamed[rec.id()]
+			}
+			if ok {
+				return fmt.Errorf("row %q was streamed as a put but is not one", rec.id())
 			}
 		}
 		switch {
 		case put:
 			rec.PatchVersion = u.V()
-			u.rows = append(u.rows, id)
+			u.rows = append(u.rows, rec)
 		case !live && st.live:
 			// A tombstone needs only its key: a del carries that, and a
 			// row that comes back is read again. Keeping the value would
 			// hold a whole table's rows after its query goes.
 			rec.Refs, rec.Value, rec.PatchVersion = nil, zql.RowValue{}, u.V()
-			u.rows = append(u.rows, id)
+			u.rows = append(u.rows, rec)
 		case !live && rec.PatchVersion == "":
-			delete(c.Rows, id) // never sent
+			delete(c.Rows, rec.id()) // never sent
+			e.rec = nil
 		case !live:
 			rec.Refs = nil
 		}

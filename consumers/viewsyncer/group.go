@@ -297,7 +297,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 		}
 	}
 	g.cold = false
-	if err := u.Finish(u.stream.sentRows()); err != nil {
+	if err := u.Finish(nil); err != nil {
 		return err
 	}
 	g.cvr.ReplicaVersion = snap.replicaVersion

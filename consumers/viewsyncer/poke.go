@@ -104,10 +104,9 @@ type pokeStream struct {
 	ended   map[*conn]bool
 	pokeID  string
 	started bool
-	// pending is the part being filled; sent holds the IDs of the rows
-	// in parts sent.
+	// pending is the part being filled; the update marks the rows
+	// streamed (cvrstore.Update.Stream).
 	pending []rowPatch
-	sent    map[string]struct{}
 	size    int
 }
 
@@ -123,7 +122,7 @@ func (g *group) newPokeStream(u *update) *pokeStream {
 	if len(conns) == 0 {
 		return nil
 	}
-	return &pokeStream{conns: conns, ended: map[*conn]bool{}, sent: map[string]struct{}{}}
+	return &pokeStream{conns: conns, ended: map[*conn]bool{}}
 }
 
 func (ps *pokeStream) begun() bool { return ps != nil && ps.started }
@@ -137,14 +136,6 @@ func (ps *pokeStream) has(c *conn) bool {
 	return false
 }
 
-// sentRows is the IDs of the rows streamed, or about to be.
-func (ps *pokeStream) sentRows() map[string]struct{} {
-	if ps == nil {
-		return nil
-	}
-	return ps.sent
-}
-
 // streamRow queues rec's put if it is one the update will send; a full
 // part goes out at once. Rows of the internal tables become other patches
 // and go at the end.
@@ -153,10 +144,10 @@ func (g *group) streamRow(u *update, id string, rec *cvrstore.Row) error {
 	if ps == nil || rec.Table == g.s.clientsTable || rec.Table == g.s.mutationsTable {
 		return nil
 	}
-	if _, ok := ps.sent[id]; ok || !u.Put(id, rec) {
+	if u.Streamed(rec) || !u.Put(id, rec) {
 		return nil
 	}
-	ps.sent[id] = struct{}{}
+	u.Stream(rec)
 	ps.pending = append(ps.pending, rowPatch{Op: "put", TableName: rec.Table, Value: rec.Value})
 	if len(ps.pending) < partSize {
 		return nil
@@ -240,7 +231,7 @@ func (g *group) poke(u *update) {
 			continue // abandoned below
 		case begun:
 			if remainder == nil {
-				remainder = g.pokeContent(u.Delta(ps.sent))
+				remainder = g.pokeContent(u.Unstreamed())
 			}
 			pc = remainder
 		case c.hasBase == (u.From != "") && c.base == u.From:

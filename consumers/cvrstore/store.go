@@ -146,8 +146,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A put-rows statement writes many rows, so SQLite journals each one:
+	// in memory, not in a temporary file written page by page.
 	w, err := sql.Open("sqlite", "file:"+cfg.File+
-		"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=busy_timeout(10000)&_txlock=immediate")
+		"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=busy_timeout(10000)&_pragma=temp_store(MEMORY)&_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", cfg.File, err)
 	}

@@ -19,7 +19,7 @@ import (
 
 func openDB(t testing.TB) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "cvr.db")+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "cvr.db")+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=temp_store(MEMORY)")
 	if err != nil {
 		t.Fatal(err)
 	}

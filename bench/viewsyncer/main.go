@@ -174,7 +174,9 @@ func run(o options) error {
 	rep.rss = append(rep.rss, js.rss("ready"))
 	if want["server"] {
 		for i := range o.runs {
+			cpu0 := js.cpu()
 			r, err := measureServer(js.Base, i)
+			r.cpu = js.cpu() - cpu0
 			if err != nil {
 				return fmt.Errorf("server hydration: %w", err)
 			}
@@ -182,7 +184,7 @@ func run(o options) error {
 				return fmt.Errorf("server hydration: got %d issue rows; want %d", r.rows, o.issues)
 			}
 			if o.verbose {
-				fmt.Printf("server run %d: %v, %d rows, %.1f MB of frames\n", i, r.took.Round(time.Millisecond), r.rows, float64(r.bytes)/1e6)
+				fmt.Printf("server run %d: %v, %d rows, %.1f MB of frames, %v of jetsync's CPU (the put and the del)\n", i, r.took.Round(time.Millisecond), r.rows, float64(r.bytes)/1e6, r.cpu.Round(10*time.Millisecond))
 			}
 			rep.server = append(rep.server, r)
 		}

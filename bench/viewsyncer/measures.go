@@ -27,6 +27,9 @@ type serverRun struct {
 	took  time.Duration
 	rows  int
 	bytes int
+	// cpu is jetsync's CPU time over the run: the put, the del, and what
+	// of the previous run's background work fell in it.
+	cpu time.Duration
 }
 
 // measureServer times one new group's query over the whole issue table

@@ -60,6 +60,9 @@ type View struct {
 	// holds it; eachErr is its first error, which stops the hydration.
 	each    func(RowValue) error
 	eachErr error
+	// coll is the collector eval reuses for each root row: hold copies
+	// what an entry keeps out of it.
+	coll *collector
 }
 
 // entry is a root row in the window and what it brings.
@@ -91,11 +94,23 @@ type pending struct {
 	r  *row
 }
 
+// reset empties c for another root row. The deps slice goes to the
+// entry that holds them (View.hold), so it is not reused.
+func (c *collector) reset() {
+	clear(c.rows)
+	c.rows, c.deps = c.rows[:0], nil
+	clear(c.rowSeen)
+	clear(c.depSeen)
+}
+
 func (c *collector) add(t *table, key string, r *row) {
 	hk := t.name + "\x00" + key
 	if len(c.rows) > 0 {
-		if c.rowSeen == nil {
-			c.rowSeen = map[string]bool{c.rows[0].hk: true}
+		if len(c.rowSeen) == 0 {
+			if c.rowSeen == nil {
+				c.rowSeen = map[string]bool{}
+			}
+			c.rowSeen[c.rows[0].hk] = true
 		}
 		if c.rowSeen[hk] {
 			return
@@ -278,7 +293,12 @@ func (v *View) eval(h *hydration, r *row) (*entry, *collector, error) {
 	if n.start != nil && !n.after(r) {
 		return nil, nil, nil
 	}
-	c := &collector{}
+	c := v.coll
+	if c == nil {
+		c = &collector{}
+		v.coll = c
+	}
+	c.reset()
 	h.cur = c
 	defer func() { h.cur = nil }()
 	if n.where != nil {

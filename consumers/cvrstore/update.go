@@ -102,6 +102,39 @@ func (u *Update) V() string {
 // Changed reports whether the update moved the version.
 func (u *Update) Changed() bool { return u.Version != u.From }
 
+// Idle reports whether a finished query-driven update changed nothing but
+// the state version it would move to: no patch for the clients and no row
+// record for the store. Such an update settles at its starting version
+// (Settle), as zero-cache neither writes its CVR nor pokes when an
+// advance leaves the group's rows as they were: the rows are the same at
+// both versions, so the older one still describes them.
+func (u *Update) Idle() bool {
+	if !u.Query || u.Reset || u.From == "" || len(u.rows) > 0 || len(u.queries) > 0 || len(u.desires) > 0 {
+		return false
+	}
+	if StateOf(u.Version) != u.Version && u.Version != u.From {
+		return false // a config bump: something was patched
+	}
+	for i := range u.touched {
+		e := &u.touched[i]
+		st, rec := e.st(u), e.rec
+		if rec == nil {
+			if st.existed {
+				return false
+			}
+			continue
+		}
+		if !st.existed || st.version != rec.RowVersion || st.patchVersion != rec.PatchVersion ||
+			(st.refs == nil) != (rec.Refs == nil) || !maps.Equal(st.refs, rec.Refs) {
+			return false
+		}
+	}
+	return true
+}
+
+// Settle keeps an Idle update at its starting version.
+func (u *Update) Settle() { u.Version = u.From }
+
 // PatchedRows counts the rows the update patches (after Finish).
 func (u *Update) PatchedRows() int { return len(u.rows) }
 

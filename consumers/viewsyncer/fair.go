@@ -4,8 +4,6 @@ import (
 	"context"
 	"runtime"
 	"time"
-
-	"github.com/jetsync/jetsync/consumers/cvrstore"
 )
 
 // Fairness between groups (issue 15, point 1). A group's config change
@@ -188,7 +186,7 @@ func (g *group) catchUpOnce() (seen string) {
 	if g.unloaded || g.cvr == nil || !g.hasReady() {
 		return p.to
 	}
-	if p.to <= cvrstore.StateOf(g.cvr.Version) {
+	if p.to <= g.pipelinesAt() {
 		g.takePending(p.to, p.to, p.to, nil)
 		return p.to
 	}

@@ -32,6 +32,11 @@ type group struct {
 	// the pipelines, so the group is dropped and its clients start over.
 	broken    bool
 	pipelines map[string]*pipeline
+	// at is the replica state version the pipelines were last synced at.
+	// It runs ahead of the CVR's version when advances changed none of
+	// the group's rows: those write nothing and poke nobody. "" once the
+	// pipelines are dropped.
+	at string
 	// conns holds the newest connection of each client; ready ones get
 	// pokes.
 	conns map[string]*conn
@@ -178,8 +183,14 @@ func (g *group) sync(ctx context.Context, snap *snapshot, changed *changeSet) er
 	return nil
 }
 
+// pipelinesAt is the replica state version g's pipelines are at: where an
+// advance's changes must start for them to follow incrementally.
+func (g *group) pipelinesAt() string {
+	return max(g.at, cvrstore.StateOf(g.cvr.Version))
+}
+
 func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeSet) (err error) {
-	at := cvrstore.StateOf(g.cvr.Version)
+	at := g.pipelinesAt()
 	from, changed := g.takePending(snap.from, snap.version, at, changed)
 	if changed != nil && at < from {
 		// The pipelines missed changes before from.
@@ -300,7 +311,15 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 	if err := u.Finish(nil); err != nil {
 		return err
 	}
+	if g.cvr.ReplicaVersion == snap.replicaVersion && u.Idle() {
+		// Nothing the clients or the store would see changed: the CVR
+		// stays at its version, so its clients, already there, get no
+		// poke, and the store no write; only the pipelines move on.
+		u.Settle()
+		g.s.metrics.idleSyncs.Inc()
+	}
 	g.cvr.ReplicaVersion = snap.replicaVersion
+	g.at = max(g.at, snap.version)
 	if snap.yield != nil {
 		// The update is built: other groups may read while this one
 		// waits for its flush.
@@ -350,6 +369,6 @@ func (g *group) flush(ctx context.Context, u *update) error {
 func (g *group) reset(ctx context.Context) error {
 	g.cvr.Reset()
 	g.pipelines = map[string]*pipeline{}
-	g.cold = false
+	g.cold, g.at = false, ""
 	return g.flush(ctx, &update{Update: g.cvr.ResetUpdate()})
 }

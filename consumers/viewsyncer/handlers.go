@@ -180,7 +180,7 @@ func (g *group) dropViews() {
 	if g.cvr == nil || g.cvr.Version == "" || g.broken || g.unloaded {
 		return
 	}
-	g.pipelines = map[string]*pipeline{}
+	g.pipelines, g.at = map[string]*pipeline{}, ""
 	for _, rec := range g.cvr.Rows {
 		rec.Value = zql.RowValue{}
 	}
@@ -202,7 +202,7 @@ func (g *group) initConnection(ctx context.Context, c *conn, body *initConnectio
 	if c.ready {
 		return newProtocolError(kindInvalidMessage, "initConnection already received")
 	}
-	snap, err := g.openSnapshotAt(ctx, cvrstore.StateOf(g.cvr.Version))
+	snap, err := g.openSnapshotAt(ctx, g.pipelinesAt())
 	if err != nil {
 		return err
 	}
@@ -375,7 +375,7 @@ func (g *group) prefetchInit(ctx context.Context, c *conn, body *initConnectionB
 // as zero-cache's view-syncer keeps advancing while loaded: a returning
 // client's catch-up then carries the config and row changes in one poke.
 func (g *group) catchUpTo(ctx context.Context, snap *snapshot, v *via) error {
-	if snap == nil || g.cvr.Version == "" || !g.cold && snap.version <= cvrstore.StateOf(g.cvr.Version) {
+	if snap == nil || g.cvr.Version == "" || !g.cold && snap.version <= g.pipelinesAt() {
 		return nil
 	}
 	return g.syncForClient(ctx, snap, v)

@@ -82,7 +82,7 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 		}
 	}
 	defer g.unlockAndCatchUp()
-	if !g.hasReady() || g.unloaded || snap.version <= cvrstore.StateOf(g.cvr.Version) {
+	if !g.hasReady() || g.unloaded || snap.version <= g.pipelinesAt() {
 		return nil
 	}
 	if hook := advanceHook.Load(); hook != nil {
@@ -254,7 +254,7 @@ func (g *group) unloadIfIdle(ctx context.Context, now time.Time) bool {
 	g.persistClock(ctx)
 	g.unloaded = true
 	g.stopLocked()
-	g.pipelines = nil
+	g.pipelines, g.at = nil, ""
 	g.log.Debug("unloaded idle client group")
 	return true
 }

@@ -13,6 +13,7 @@ type metrics struct {
 	closedSlow  prometheus.Counter
 	hydrations  prometheus.Counter
 	fallbacks   prometheus.Counter
+	idleSyncs   prometheus.Counter
 	rowsRead    prometheus.Counter
 	refused     *prometheus.CounterVec
 
@@ -98,6 +99,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "jetsync", Subsystem: "sync", Name: "query_update_fallbacks_total",
 			Help: "Incremental query updates that re-ran the whole query instead.",
 		}),
+		idleSyncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "jetsync", Subsystem: "sync", Name: "idle_syncs_total",
+			Help: "Client group syncs that changed none of the group's rows or queries: its CVR is not written, nor its clients poked.",
+		}),
 		rowsRead: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "jetsync", Subsystem: "sync", Name: "replica_rows_read_total",
 			Help: "Replica rows read to hydrate and update queries.",
@@ -159,7 +164,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// counts into the collectors registered first.
 	for _, err := range []error{
 		promreg.Register(reg, &m.connections, &m.queries, &m.rows, &m.groups, &m.leases),
-		promreg.Register(reg, &m.pokes, &m.advances, &m.closedSlow, &m.hydrations, &m.fallbacks, &m.rowsRead,
+		promreg.Register(reg, &m.pokes, &m.advances, &m.closedSlow, &m.hydrations, &m.fallbacks, &m.idleSyncs, &m.rowsRead,
 			&m.transformHashChanges, &m.transformNoOps, &m.pushes, &m.customMutations, &m.crudMutations),
 		promreg.Register(reg, &m.lockWait, &m.transformTime, &m.groupQueries, &m.groupRows, &m.pokeTime, &m.advanceTime, &m.hydrationTime),
 		promreg.Register(reg, &m.pipelineResets, &m.transformations, &m.refused),

@@ -405,15 +405,19 @@ func TestServer_Rows(t *testing.T) {
 		}
 	})
 
-	t.Run("EmptyPokePerAdvance", func(t *testing.T) {
+	t.Run("NoPokeForUnrelatedWrite", func(t *testing.T) {
 		c := connect(t, e, dialOpts{group: "adv", client: "c1", init: initFrame(testSchema, put("a", issue7, 0))})
 		c.expect("connected")
 		c.poke()
 		first := c.poke()
+		// As zero-cache, no poke for a write that changed none of the
+		// group's rows: the next one is for its own row, from the same
+		// cookie.
 		e.execSQL("UPDATE issue SET title = 'other' WHERE id = 'i0000008'")
+		e.execSQL("UPDATE issue SET title = 'own' WHERE id = 'i0000007'")
 		p := c.poke()
-		if len(p.patches) != 0 || *p.base != first.cookie || p.cookie <= first.cookie {
-			t.Errorf("poke after an unrelated write = %+v; want an empty poke after %s", p, first.cookie)
+		if len(p.patches) != 1 || !strings.Contains(p.patches[0], "own") || *p.base != first.cookie || p.cookie <= first.cookie {
+			t.Errorf("poke after an unrelated write, then one to the group's row = %+v; want that row's poke after %s", p, first.cookie)
 		}
 	})
 

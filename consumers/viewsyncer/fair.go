@@ -46,12 +46,16 @@ const (
 // pendingAdvance is what the advance left with a group it found busy:
 // the replica's changes from state version from to to, as the advances
 // reported them (shared with the other groups, not copied); reset means
-// that they cannot be followed, and the group must re-hydrate.
+// that the changes up to resetAt cannot be followed: the group must
+// re-hydrate, unless its pipelines are there already (a sync that moved
+// them past resetAt re-hydrated them), when the parts, which start at
+// resetAt, still apply.
 type pendingAdvance struct {
 	from, to string
 	parts    []*changeSet
 	rows     int
 	reset    bool
+	resetAt  string
 }
 
 // deferAdvance keeps an advance's changes for g, which was busy; g
@@ -66,22 +70,25 @@ func (g *group) deferAdvance(from, to string, changed *changeSet) {
 		g.pend = p
 	case p.to != from:
 		// A gap: the group missed an advance (it was loaded meanwhile).
-		p.reset = true
+		p.resetTo(to)
 	}
 	p.to = to
-	if changed == nil {
-		p.reset = true
+	switch {
+	case changed == nil:
+		p.resetTo(to)
+	case p.resetAt != to:
+		p.parts = append(p.parts, changed)
+		p.rows += len(changed.rows)
+		if p.rows > maxPendingRows {
+			p.resetTo(to)
+		}
 	}
-	if p.reset {
-		p.parts, p.rows = nil, 0
-		return
-	}
-	p.parts = append(p.parts, changed)
-	p.rows += len(changed.rows)
-	if p.rows > maxPendingRows {
-		p.reset = true
-		p.parts, p.rows = nil, 0
-	}
+}
+
+// resetTo drops p's changes up to to, which cannot be followed.
+func (p *pendingAdvance) resetTo(to string) {
+	p.reset, p.resetAt = true, to
+	p.parts, p.rows = nil, 0
 }
 
 // merged is p's changes and then more's, in one change set; nil if p
@@ -119,6 +126,11 @@ func (g *group) takePending(from, to, at string, changed *changeSet) (string, *c
 	g.pendMu.Lock()
 	defer g.pendMu.Unlock()
 	p := g.pend
+	if p != nil && p.reset && p.resetAt <= at {
+		// The pipelines are past what could not be followed: the rest
+		// follows from there.
+		p.from, p.reset = p.resetAt, false
+	}
 	switch {
 	case p == nil:
 		return from, changed

@@ -375,6 +375,27 @@ func TestPendingAdvance(t *testing.T) {
 			t.Fatalf("took %d rows; want a re-hydration", len(got.rows))
 		}
 	})
+	t.Run("a reset the group is past", func(t *testing.T) {
+		// The subscription's first update, a reset, found the group
+		// busy hydrating at 02; the changes after it still apply.
+		g := &group{}
+		g.deferAdvance("", "02", nil)
+		g.deferAdvance("02", "03", cs("a", 1))
+		g.deferAdvance("03", "04", cs("b", 2))
+		from, got := g.takePending("04", "04", "02", &changeSet{tables: map[string]bool{}})
+		if from != "02" || got == nil || len(got.rows) != 3 || !got.tables["a"] || !got.tables["b"] {
+			t.Fatalf("took from %q %+v; want from 02, 3 rows of a and b", from, got)
+		}
+	})
+	t.Run("a reset ahead of the group re-hydrates", func(t *testing.T) {
+		g := &group{}
+		g.deferAdvance("02", "03", cs("a", 1))
+		g.deferAdvance("03", "04", nil)
+		g.deferAdvance("04", "05", cs("b", 1))
+		if _, got := g.takePending("05", "05", "03", &changeSet{tables: map[string]bool{}}); got != nil {
+			t.Fatalf("took %d rows; want a re-hydration", len(got.rows))
+		}
+	})
 	t.Run("changes the group is past are dropped", func(t *testing.T) {
 		g := &group{}
 		g.deferAdvance("02", "03", cs("a", 1))

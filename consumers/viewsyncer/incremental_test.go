@@ -72,20 +72,41 @@ func TestServer_Incremental(t *testing.T) {
 	fallbacks := counterValue(t, m.fallbacks)
 	first := slices.Sorted(maps.Keys(rows[0]))[0]
 
-	for n, stmt := range []string{
-		fmt.Sprintf("UPDATE issue SET modified = 9000000000000 WHERE id = '%s'", first), // leaves; refill
-		"UPDATE issue SET modified = 0 WHERE id = 'i0000040'",                           // enters
-		"UPDATE issue SET open = false WHERE id = 'i0000040'",                           // leaves by filter
-		"UPDATE issue SET title = 'renamed' WHERE id = 'i0000039'",                      // outside
-		"DELETE FROM issue WHERE id = '" + first + "'",
+	cookies := make([]string, groups)
+	fixed := func(s string) func() string { return func() string { return s } }
+	for n, step := range []struct {
+		stmt func() string
+		// outside changes no group's rows: no group is poked, and the
+		// next step's poke follows the same cookie.
+		outside bool
+	}{
+		{stmt: fixed(fmt.Sprintf("UPDATE issue SET modified = 9000000000000 WHERE id = '%s'", first))}, // leaves; refill
+		{stmt: fixed("UPDATE issue SET modified = 0 WHERE id = 'i0000040'")},                           // enters
+		{stmt: fixed("UPDATE issue SET open = false WHERE id = 'i0000040'")},                           // leaves by filter
+		{stmt: fixed("UPDATE issue SET title = 'renamed' WHERE id = 'i0000039'"), outside: true},
+		{stmt: fixed("DELETE FROM issue WHERE id = '" + first + "'"), outside: true}, // left already
+		{stmt: func() string { // leaves; refill
+			return "DELETE FROM issue WHERE id = '" + slices.Sorted(maps.Keys(rows[0]))[0] + "'"
+		}},
 	} {
+		stmt := step.stmt()
 		hydrations := counterValue(t, m.hydrations)
 		e.execSQL(stmt)
 		for i, c := range clients {
+			if step.outside {
+				continue
+			}
 			p := c.poke()
 			if countPrefix(p, "got ") != 0 || countPrefix(p, "desired ") != 0 {
 				t.Errorf("%s: poke %v has query patches", stmt, p.patches)
 			}
+			if countPrefix(p, "row ") == 0 {
+				t.Errorf("%s: poke has no row patch", stmt)
+			}
+			if cookies[i] != "" && (p.base == nil || *p.base != cookies[i]) {
+				t.Errorf("%s: poke from %v; want from the last cookie %s", stmt, p.base, cookies[i])
+			}
+			cookies[i] = p.cookie
 			rows[i] = issueRows(t, rows[i], p)
 		}
 		if got := counterValue(t, m.hydrations); got != hydrations {

@@ -246,33 +246,10 @@ func measureThroughput(ctx context.Context, base, pgURL string, q queries, n, ra
 	start := time.Now()
 	for w := range writers {
 		per := n / writers
-		row := func(k int) string { return fmt.Sprintf("i%07d", 1+w+writers*(k%(rows/writers))) }
-		title := func(k int) string { return marker + strconv.Itoa(w+writers*k) }
 		for k := max(0, per-rows/writers); k < per; k++ {
-			final[title(k)] = true
+			final[retitled(marker, w, writers, k)] = true
 		}
-		g.Go(func() error {
-			pg, err := pgx.Connect(gctx, pgURL)
-			if err != nil {
-				return err
-			}
-			defer pg.Close(context.WithoutCancel(gctx))
-			var tick <-chan time.Time
-			if rate > 0 {
-				t := time.NewTicker(time.Second * writers / time.Duration(rate))
-				defer t.Stop()
-				tick = t.C
-			}
-			for k := range per {
-				if tick != nil {
-					<-tick
-				}
-				if _, err := pg.Exec(gctx, `UPDATE issue SET title = $1 WHERE id = $2`, title(k), row(k)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		goRetitle(g, gctx, pgURL, marker, w, writers, rows, per, rate)
 	}
 	n = writers * (n / writers)
 	seen := make(chan time.Time, 1)
@@ -460,3 +437,37 @@ func procCPU(pid int) (time.Duration, error) {
 	}
 	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
+
+// goRetitle starts writer w of writers on g: per single-row UPDATEs, rate
+// a second across the writers (as fast as they go when rate is 0). Writer
+// w owns issues w+1, w+1+writers, ... of the first rows (a multiple of
+// writers), and titles its k-th update retitled(marker, w, writers, k), so
+// that a row's last title is its own writer's last update of it.
+func goRetitle(g *errgroup.Group, ctx context.Context, pgURL, marker string, w, writers, rows, per, rate int) {
+	g.Go(func() error {
+		pg, err := pgx.Connect(ctx, pgURL)
+		if err != nil {
+			return err
+		}
+		defer pg.Close(context.WithoutCancel(ctx))
+		var tick <-chan time.Time
+		if rate > 0 {
+			t := time.NewTicker(time.Second * time.Duration(writers) / time.Duration(rate))
+			defer t.Stop()
+			tick = t.C
+		}
+		for k := range per {
+			if tick != nil {
+				<-tick
+			}
+			id := fmt.Sprintf("i%07d", 1+w+writers*(k%(rows/writers)))
+			if _, err := pg.Exec(ctx, `UPDATE issue SET title = $1 WHERE id = $2`, retitled(marker, w, writers, k), id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// retitled is the title writer w of writers gives its k-th update.
+func retitled(marker string, w, writers, k int) string { return marker + strconv.Itoa(w+writers*k) }

@@ -180,7 +180,7 @@ func measureThroughputs(ctx context.Context, bases []string, pgURL string, q que
 	per := n / writers
 	for w := range writers {
 		for k := max(0, per-rows/writers); k < per; k++ {
-			final[marker+strconv.Itoa(w+writers*k)] = true
+			final[retitled(marker, w, writers, k)] = true
 		}
 	}
 	ends := make([]chan time.Time, len(bases))
@@ -214,29 +214,7 @@ func measureThroughputs(ctx context.Context, bases []string, pgURL string, q que
 	g, gctx := errgroup.WithContext(ctx)
 	start := time.Now()
 	for w := range writers {
-		g.Go(func() error {
-			pg, err := pgx.Connect(gctx, pgURL)
-			if err != nil {
-				return err
-			}
-			defer pg.Close(context.WithoutCancel(gctx))
-			var tick <-chan time.Time
-			if rate > 0 {
-				t := time.NewTicker(time.Second * writers / time.Duration(rate))
-				defer t.Stop()
-				tick = t.C
-			}
-			for k := range per {
-				if tick != nil {
-					<-tick
-				}
-				id := fmt.Sprintf("i%07d", 1+w+writers*(k%(rows/writers)))
-				if _, err := pg.Exec(gctx, `UPDATE issue SET title = $1 WHERE id = $2`, marker+strconv.Itoa(w+writers*k), id); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		goRetitle(g, gctx, pgURL, marker, w, writers, rows, per, rate)
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err

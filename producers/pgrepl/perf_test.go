@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,24 +48,7 @@ func TestSource_Throughput(t *testing.T) {
 	}
 	const perWriter = 5000
 	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() {
-			conn, err := pgx.Connect(ctx, url)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer conn.Close(ctx)
-			for i := range perWriter {
-				if _, err := conn.Exec(ctx, `INSERT INTO a VALUES ($1, 'x')`, w*perWriter+i); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	insertConcurrently(t, url, `INSERT INTO a VALUES ($1, 'x')`, writers, perWriter)
 	wrote := time.Since(start)
 	n := writers * perWriter
 	// The sentinel commits after every insert: once it is in the stream,

@@ -1254,24 +1254,7 @@ func groupCommitMessages(t testing.TB, on bool) int {
 	e.waitSynced(t, "")
 
 	const writers, each = 4, 150
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() {
-			conn, err := pgx.Connect(ctx, url)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer conn.Close(ctx)
-			for i := range each {
-				if _, err := conn.Exec(ctx, `INSERT INTO a VALUES ($1)`, w*each+i); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	insertConcurrently(t, url, `INSERT INTO a VALUES ($1)`, writers, each)
 	n := writers * each
 	txs := e.waitTxs(t, n+1)
 	msgs := map[uint64]bool{}
@@ -1284,4 +1267,29 @@ func groupCommitMessages(t testing.TB, on bool) int {
 		t.Errorf("inserted %d ids; want %d", len(ids), n)
 	}
 	return len(msgs)
+}
+
+// insertConcurrently runs insert, one autocommit transaction per row, from
+// writers connections at once, each taking ids w·each to (w+1)·each−1.
+func insertConcurrently(t testing.TB, url, insert string, writers, each int) {
+	t.Helper()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close(ctx)
+			for i := range each {
+				if _, err := conn.Exec(ctx, insert, w*each+i); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -201,25 +201,14 @@ func measureLatency(ctx context.Context, base, pgURL string, q queries, names []
 	marker := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
 	committed := make([]time.Time, n)
 	arrived := make([]time.Time, n)
-	done := make(chan error, 1)
-	go func() {
-		seen := 0
-		for seen < n {
-			p, err := c.NextPoke(marker)
-			if err != nil {
-				done <- err
-				return
-			}
-			for _, t := range p.Markers {
-				i, err := strconv.Atoi(strings.TrimPrefix(t, marker))
-				if err == nil && i >= 0 && i < n && arrived[i].IsZero() {
-					arrived[i] = p.End
-					seen++
-				}
-			}
+	done := awaitMarkers(c, marker, n, func(t string, end time.Time) int {
+		i, err := strconv.Atoi(strings.TrimPrefix(t, marker))
+		if err != nil || i < 0 || i >= n || !arrived[i].IsZero() {
+			return 0
 		}
-		done <- nil
-	}()
+		arrived[i] = end
+		return 1
+	})
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	for i := range n {
@@ -338,34 +327,21 @@ func measureLoaded(ctx context.Context, base, pgURL string, q queries, names []s
 		committed[k] = make([]time.Time, per)
 		arrived[k] = make([]time.Time, per)
 	}
-	done := make(chan error, 1)
-	go func() {
-		seen := 0
-		for seen < n {
-			p, err := c.NextPoke(marker)
-			if err != nil {
-				done <- err
-				return
-			}
-			for _, t := range p.Markers {
-				ks, ss, ok := strings.Cut(strings.TrimPrefix(t, marker), "-")
-				k, err1 := strconv.Atoi(ks)
-				s, err2 := strconv.Atoi(ss)
-				if !ok || err1 != nil || err2 != nil || k < 0 || k >= conns || s < 0 || s >= per {
-					continue
-				}
-				// Every earlier update of the row is delivered with it.
-				for e := s; e >= 0; e -= len(rows[k]) {
-					if !arrived[k][e].IsZero() {
-						break
-					}
-					arrived[k][e] = p.End
-					seen++
-				}
-			}
+	done := awaitMarkers(c, marker, n, func(t string, end time.Time) int {
+		ks, ss, ok := strings.Cut(strings.TrimPrefix(t, marker), "-")
+		k, err1 := strconv.Atoi(ks)
+		s, err2 := strconv.Atoi(ss)
+		if !ok || err1 != nil || err2 != nil || k < 0 || k >= conns || s < 0 || s >= per {
+			return 0
 		}
-		done <- nil
-	}()
+		// Every earlier update of the row is delivered with it.
+		delivered := 0
+		for e := s; e >= 0 && arrived[k][e].IsZero(); e -= len(rows[k]) {
+			arrived[k][e] = end
+			delivered++
+		}
+		return delivered
+	})
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	for k := range conns {
@@ -404,4 +380,26 @@ func measureLoaded(ctx context.Context, base, pgURL string, q queries, names []s
 	}
 	slices.Sort(ds)
 	return &latencies{n: n, queries: len(qs), p50: ds[n/2], p95: ds[n*95/100], p99: ds[n*99/100]}, achieved, nil
+}
+
+// awaitMarkers reads c's pokes carrying marker in the background until
+// arrive has counted n updates delivered; arrive gets each marker title of
+// a poke and the poke's end, and returns how many updates it delivers that
+// were not delivered before. The channel gets nil then, or the read's error.
+func awaitMarkers(c *syncclient.Client, marker string, n int, arrive func(title string, end time.Time) int) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		for seen := 0; seen < n; {
+			p, err := c.NextPoke(marker)
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, t := range p.Markers {
+				seen += arrive(t, p.End)
+			}
+		}
+		done <- nil
+	}()
+	return done
 }

@@ -453,21 +453,14 @@ func (c *conn) isClosing() bool {
 	return c.closing
 }
 
+// truncate cuts s to at most n bytes; a character the cut splits goes,
+// since a close reason must be valid UTF-8.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	s = s[:n]
-	for len(s) > 0 && !utf8Start(s[len(s)-1]) {
-		s = s[:len(s)-1]
-	}
-	if len(s) > 0 && s[len(s)-1] >= 0x80 {
-		s = s[:len(s)-1]
-	}
-	return s
+	return strings.ToValidUTF8(s[:n], "")
 }
-
-func utf8Start(b byte) bool { return b < 0x80 || b >= 0xC0 }
 
 // writeLoop is the connection's only writer.
 func (c *conn) writeLoop() {

@@ -14,6 +14,7 @@ import (
 	"hash/fnv"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/jetsync/jetsync/consumers/zql"
 )
@@ -360,20 +361,10 @@ func TransformationHash(a *zql.AST) string {
 	return strconv.FormatUint(h.Sum64(), 36)
 }
 
-// truncate cuts s to at most n bytes, never inside a UTF-8 sequence: a
-// multi-byte character at the cut goes, whole or not.
+// truncate cuts s to at most n bytes; a character the cut splits goes.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	s = s[:n]
-	for len(s) > 0 && !utf8Start(s[len(s)-1]) {
-		s = s[:len(s)-1]
-	}
-	if len(s) > 0 && s[len(s)-1] >= 0x80 {
-		s = s[:len(s)-1]
-	}
-	return s
+	return strings.ToValidUTF8(s[:n], "")
 }
-
-func utf8Start(b byte) bool { return b < 0x80 || b >= 0xC0 }

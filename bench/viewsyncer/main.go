@@ -83,7 +83,6 @@ type options struct {
 	otelTxns  int
 	otelPaced int
 	otelRate  int
-	otelSide  bool
 	// otelProfile, when set, is a folder for a CPU profile of each -otel
 	// run's throughput measure.
 	otelProfile string
@@ -107,11 +106,10 @@ func main() {
 	flag.BoolVar(&o.verbose, "v", false, "print each run")
 	flag.StringVar(&o.env, "jetsync-env", "", "extra environment for jetsync, comma-separated KEY=VALUE pairs (such as JETSYNC_PPROF_ADDR=127.0.0.1:6060)")
 	flag.BoolVar(&o.hold, "hold", false, "after the measures, keep Postgres and jetsync running until interrupted (to point client.mjs or zero-cache at them)")
-	flag.BoolVar(&o.otel, "otel", false, "measure what exporting OpenTelemetry costs instead: throughput and commit → client p50 with OTEL_* unset and set, in alternating runs")
+	flag.BoolVar(&o.otel, "otel", false, "measure what exporting OpenTelemetry costs instead: throughput and commit → client p50 with OTEL_* unset and set, side by side (otelside.go)")
 	flag.IntVar(&o.otelTxns, "otel-txns", 3000, "transactions in the -otel throughput measure")
 	flag.IntVar(&o.otelPaced, "otel-paced", 2000, "transactions in the -otel measure of CPU per transaction at a fixed offered rate")
 	flag.IntVar(&o.otelRate, "otel-rate", 500, "the offered rate of that measure, transactions a second")
-	flag.BoolVar(&o.otelSide, "otel-side", true, "-otel runs the two processes side by side, on shards 0 and 1 of the upstream; false: in alternating runs")
 	flag.StringVar(&o.otelProfile, "otel-cpuprofile", "", "a folder to write a CPU profile of each -otel run's throughput measure into (off-<pair>.pprof, on-<pair>.pprof)")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -157,11 +155,8 @@ func run(o options) error {
 	}
 	defer up.close()
 
-	if o.otel && o.otelSide {
-		return runOTelSide(ctx, o, bin, root, up)
-	}
 	if o.otel {
-		return runOTel(ctx, o, bin, root, up)
+		return runOTelSide(ctx, o, bin, root, up)
 	}
 	js, err := startJetsync(ctx, bin, root, up.url, o.env)
 	if err != nil {

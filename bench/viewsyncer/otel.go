@@ -94,202 +94,10 @@ type otelRun struct {
 // that each run exports a few times.
 const otelMetricInterval = 5000
 
-// runOTel measures what exporting OpenTelemetry costs: `jetsync run` with
-// no OTEL_* set, and with metrics (every otelMetricInterval) and traces
-// (the default sampling) exported over OTLP/gRPC to a receiver in this
-// process. Runs alternate off and on (off first in even pairs, on first in
-// odd ones), each on a fresh data folder, so that load drifting on the
-// machine falls on both; the verdicts are the medians of the pairs'
-// differences.
-func runOTel(ctx context.Context, o options, bin, root string, up *upstream) error {
-	sink, err := startOTLPSink()
-	if err != nil {
-		return err
-	}
-	defer sink.srv.Stop()
-	q := newQueries(o.issues)
-	var off, on []otelRun
-	for pair := range o.runs {
-		modes := []bool{false, true}
-		if pair%2 == 1 {
-			modes = []bool{true, false}
-		}
-		for _, withOTel := range modes {
-			env := []string{"JETSYNC_BACKUP=off", "JETSYNC_DATA_DIR=" + filepath.Join(root, fmt.Sprintf("data-%d-%v", pair, withOTel))}
-			if withOTel {
-				env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+sink.addr, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
-					"OTEL_METRIC_EXPORT_INTERVAL="+strconv.Itoa(otelMetricInterval))
-			}
-			if o.env != "" {
-				env = append(env, o.env)
-			}
-			spans0, points0 := sink.spans.Load(), sink.points.Load()
-			profile := ""
-			if o.otelProfile != "" {
-				kind := map[bool]string{false: "off", true: "on"}[withOTel]
-				profile = filepath.Join(o.otelProfile, fmt.Sprintf("%s-%d.pprof", kind, pair))
-				port, err := benchenv.FreePort()
-				if err != nil {
-					return err
-				}
-				env = append(env, fmt.Sprintf("JETSYNC_PPROF_ADDR=127.0.0.1:%d", port))
-			}
-			r, err := measureOTelRun(ctx, bin, root, up.url, strings.Join(env, ","), q, o, profile)
-			if err != nil {
-				return fmt.Errorf("otel %v, pair %d: %w", withOTel, pair, err)
-			}
-			if withOTel {
-				// -jetsync-env OTEL_TRACES_EXPORTER=none (or METRICS)
-				// measures one signal alone.
-				if sink.spans.Load() == spans0 && sink.points.Load() == points0 {
-					return fmt.Errorf("otel on, pair %d: the receiver got nothing", pair)
-				}
-				on = append(on, r)
-			} else {
-				if sink.spans.Load() != spans0 || sink.points.Load() != points0 {
-					return fmt.Errorf("otel off, pair %d: something was exported", pair)
-				}
-				off = append(off, r)
-			}
-			if o.verbose {
-				fmt.Printf("pair %d otel=%v: %.0f txn/s, %v CPU/txn; %v CPU/txn at %d/s offered; p50 %.2f ms, %.1f%% of a core at %d/s\n",
-					pair, withOTel, r.throughput, r.cpuPerTxn, r.pacedCPUPerTxn, o.otelRate, ms(r.p50), 100*r.steadyCPU, o.rate)
-			}
-		}
-	}
-	printOTel(o, "alternating pairs", off, on, sink, nil)
-	return nil
-}
-
-func measureOTelRun(ctx context.Context, bin, root, pgURL, env string, q queries, o options, profile string) (otelRun, error) {
-	js, err := startJetsync(ctx, bin, root, pgURL, env)
-	if err != nil {
-		return otelRun{}, err
-	}
-	defer js.Stop()
-	if profile != "" {
-		addr := ""
-		for _, kv := range strings.Split(env, ",") {
-			if v, ok := strings.CutPrefix(kv, "JETSYNC_PPROF_ADDR="); ok {
-				addr = v
-			}
-		}
-		done := make(chan error, 1)
-		go func() { done <- fetchProfile(ctx, addr, profile) }()
-		defer func() {
-			if err := <-done; err != nil {
-				fmt.Fprintln(os.Stderr, "cpu profile:", err)
-			}
-		}()
-	}
-	cpu0, err := procCPU(js.Cmd.Process.Pid)
-	if err != nil {
-		return otelRun{}, err
-	}
-	tput, err := measureThroughput(ctx, js.Base, pgURL, q, o.otelTxns, 0)
-	if err != nil {
-		return otelRun{}, fmt.Errorf("throughput: %w", err)
-	}
-	cpu1, err := procCPU(js.Cmd.Process.Pid)
-	if err != nil {
-		return otelRun{}, err
-	}
-	if _, err := measureThroughput(ctx, js.Base, pgURL, q, o.otelPaced, o.otelRate); err != nil {
-		return otelRun{}, fmt.Errorf("paced: %w", err)
-	}
-	cpu1b, err := procCPU(js.Cmd.Process.Pid)
-	if err != nil {
-		return otelRun{}, err
-	}
-	cpu2, t2 := cpu1b, time.Now()
-	l, err := measureLatency(ctx, js.Base, pgURL, q, strings.Split(o.latQs, ","), o.updates, o.rate)
-	if err != nil {
-		return otelRun{}, fmt.Errorf("latency: %w", err)
-	}
-	cpu3, err := procCPU(js.Cmd.Process.Pid)
-	if err != nil {
-		return otelRun{}, err
-	}
-	steady := (cpu3 - cpu2).Seconds() / time.Since(t2).Seconds()
-	if err := js.AliveNoError(); err != nil {
-		return otelRun{}, err
-	}
-	return otelRun{throughput: tput, cpuPerTxn: (cpu1 - cpu0) / time.Duration(o.otelTxns),
-		pacedCPUPerTxn: (cpu1b - cpu1) / time.Duration(o.otelPaced), steadyCPU: steady, p50: l.p50}, nil
-}
-
-// measureThroughput commits n single-row UPDATE transactions from four
-// connections, as fast as they go or, with rate > 0, at most rate a second
-// in all, each retitling one of the first 28 issues, which a connected
-// client's issuesWithLabels shows, and returns n over the time from the
-// first commit to the pokeEnd that carries the last title of every one of
-// the 28 (pokes coalesce, so earlier titles may never show).
-func measureThroughput(ctx context.Context, base, pgURL string, q queries, n, rate int) (float64, error) {
-	qs, err := q.named(0, []string{"issuesWithLabels"})
-	if err != nil {
-		return 0, err
-	}
-	c, err := connectGroup(base, fmt.Sprintf("bench-tput-%d", time.Now().UnixNano()), qs)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	if _, _, err := c.WaitGot(hashes(qs)...); err != nil {
-		return 0, err
-	}
-	// Writer w owns rows w, w+writers, ... (of the first 28, a multiple of
-	// writers): a row's last title is its own writer's last update of it.
-	const writers, rows = 4, 28
-	marker := fmt.Sprintf("tput-%d-", time.Now().UnixNano())
-	final := map[string]bool{}
-	g, gctx := errgroup.WithContext(ctx)
-	start := time.Now()
-	for w := range writers {
-		per := n / writers
-		for k := max(0, per-rows/writers); k < per; k++ {
-			final[retitled(marker, w, writers, k)] = true
-		}
-		goRetitle(g, gctx, pgURL, marker, w, writers, rows, per, rate)
-	}
-	n = writers * (n / writers)
-	seen := make(chan time.Time, 1)
-	go func() {
-		left := len(final)
-		for left > 0 {
-			p, err := c.NextPoke(marker)
-			if err != nil {
-				close(seen)
-				return
-			}
-			for _, m := range p.Markers {
-				if final[m] {
-					delete(final, m)
-					left--
-				}
-			}
-			if left == 0 {
-				seen <- p.End
-			}
-		}
-	}()
-	if err := g.Wait(); err != nil {
-		return 0, err
-	}
-	select {
-	case end, ok := <-seen:
-		if !ok {
-			return 0, fmt.Errorf("the client's connection failed before every last title arrived")
-		}
-		return float64(n) / end.Sub(start).Seconds(), nil
-	case <-time.After(time.Minute):
-		c.Close()
-		return 0, fmt.Errorf("not every last title reached the client within a minute of the last commit: %w", errTimeout)
-	}
-}
-
-// lag, from side-by-side rounds, is every update's arrival at the
-// exporting process's client less its arrival at the other's.
-func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink, lag []time.Duration) {
+// printOTel prints the rounds' figures and reports the aims. lag is every
+// update's arrival at the exporting process's client less its arrival at
+// the other's.
+func printOTel(o options, off, on []otelRun, sink *otlpSink, lag []time.Duration) {
 	field := func(rs []otelRun, f func(otelRun) float64) []float64 {
 		out := make([]float64, len(rs))
 		for i, r := range rs {
@@ -297,7 +105,7 @@ func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink, lag []
 		}
 		return out
 	}
-	// Each pair ran back to back or side by side: the median of the pairs'
+	// Each pair ran side by side: the median of the pairs'
 	// differences cancels the load that drifts between pairs, which the
 	// medians of each kind's runs do not.
 	paired := func(diff func(off, on otelRun) float64) []float64 {
@@ -322,8 +130,8 @@ func printOTel(o options, mode string, off, on []otelRun, sink *otlpSink, lag []
 	dCPU, dPaced, dShare, dP50 := paired(rel(cpu)), paired(rel(paced)), paired(abs(share)), paired(abs(p50))
 
 	fmt.Println()
-	fmt.Printf("OpenTelemetry export cost (seed.sh %d; %d %s; on: metrics every %d s, traces at the default sampling (%d transactions a second), OTLP/gRPC to an in-process receiver, which got %d spans and %d metric streams)\n\n",
-		o.issues, len(off), mode, otelMetricInterval/1000, 10, sink.spans.Load(), sink.points.Load())
+	fmt.Printf("OpenTelemetry export cost (seed.sh %d; %d side-by-side rounds; on: metrics every %d s, traces at the default sampling (%d transactions a second), OTLP/gRPC to an in-process receiver, which got %d spans and %d metric streams)\n\n",
+		o.issues, len(off), otelMetricInterval/1000, 10, sink.spans.Load(), sink.points.Load())
 	fmt.Println("| measure | OTel off, median | OTel on, median | cost: median of the pairs' differences (each pair's) |")
 	fmt.Println("|---|---|---|---|")
 	row := func(name, unit string, f func(otelRun) float64, d []float64, dunit string) {

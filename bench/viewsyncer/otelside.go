@@ -51,7 +51,7 @@ func runOTelSide(ctx context.Context, o options, bin, root string, up *upstream)
 		off, on = append(off, rs[0]), append(on, rs[1])
 		lag = append(lag, l...)
 	}
-	printOTel(o, "side-by-side rounds", off, on, sink, lag)
+	printOTel(o, off, on, sink, lag)
 	return nil
 }
 
@@ -183,7 +183,8 @@ func measureThroughputs(ctx context.Context, bases []string, pgURL string, q que
 			final[retitled(marker, w, writers, k)] = true
 		}
 	}
-	ends := make([]chan time.Time, len(bases))
+	dones := make([]<-chan error, len(bases))
+	ends := make([]time.Time, len(bases))
 	for i, base := range bases {
 		c, err := connectGroup(base, fmt.Sprintf("bench-tput-%d-%d", time.Now().UnixNano(), i), qs)
 		if err != nil {
@@ -193,23 +194,15 @@ func measureThroughputs(ctx context.Context, bases []string, pgURL string, q que
 		if _, _, err := c.WaitGot(hashes(qs)...); err != nil {
 			return nil, err
 		}
-		ends[i] = make(chan time.Time, 1)
-		go func() {
-			want := maps.Clone(final)
-			for len(want) > 0 {
-				p, err := c.NextPoke(marker)
-				if err != nil {
-					close(ends[i])
-					return
-				}
-				for _, m := range p.Markers {
-					delete(want, m)
-				}
-				if len(want) == 0 {
-					ends[i] <- p.End
-				}
+		want := maps.Clone(final)
+		dones[i] = awaitMarkers(c, marker, len(want), func(title string, end time.Time) int {
+			if !want[title] {
+				return 0
 			}
-		}()
+			delete(want, title)
+			ends[i] = end
+			return 1
+		})
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	start := time.Now()
@@ -223,11 +216,11 @@ func measureThroughputs(ctx context.Context, bases []string, pgURL string, q que
 	timeout := time.After(time.Minute)
 	for i := range bases {
 		select {
-		case end, ok := <-ends[i]:
-			if !ok {
-				return nil, fmt.Errorf("client %d's connection failed before every last title arrived", i)
+		case err := <-dones[i]:
+			if err != nil {
+				return nil, fmt.Errorf("client %d's connection failed before every last title arrived: %w", i, err)
 			}
-			out[i] = float64(writers*per) / end.Sub(start).Seconds()
+			out[i] = float64(writers*per) / ends[i].Sub(start).Seconds()
 		case <-timeout:
 			return nil, fmt.Errorf("not every last title reached client %d within a minute of the last commit: %w", i, errTimeout)
 		}
@@ -248,7 +241,7 @@ func measureLatencies(ctx context.Context, bases []string, pgURL string, q queri
 	marker := fmt.Sprintf("lat-%d-", time.Now().UnixNano())
 	committed := make([]time.Time, n)
 	arrived := make([][]time.Time, len(bases))
-	done := make(chan error, len(bases))
+	dones := make([]<-chan error, len(bases))
 	for i, base := range bases {
 		c, err := connectGroup(base, fmt.Sprintf("bench-latency-%d-%d", time.Now().UnixNano(), i), qs)
 		if err != nil {
@@ -262,26 +255,17 @@ func measureLatencies(ctx context.Context, bases []string, pgURL string, q queri
 		// An update that a stall let the next one of its row overwrite
 		// before the poke never shows: the client waits for the last of
 		// each row's, which always do.
-		go func() {
-			left := min(n, latencyRows)
-			for left > 0 {
-				p, err := c.NextPoke(marker)
-				if err != nil {
-					done <- fmt.Errorf("client %d: %w", i, err)
-					return
-				}
-				for _, t := range p.Markers {
-					k, err := strconv.Atoi(strings.TrimPrefix(t, marker))
-					if err == nil && k >= 0 && k < n && arrived[i][k].IsZero() {
-						arrived[i][k] = p.End
-						if k >= n-latencyRows {
-							left--
-						}
-					}
-				}
+		dones[i] = awaitMarkers(c, marker, min(n, latencyRows), func(title string, end time.Time) int {
+			k, err := strconv.Atoi(strings.TrimPrefix(title, marker))
+			if err != nil || k < 0 || k >= n || !arrived[i][k].IsZero() {
+				return 0
 			}
-			done <- nil
-		}()
+			arrived[i][k] = end
+			if k >= n-latencyRows {
+				return 1
+			}
+			return 0
+		})
 	}
 	pg, err := pgx.Connect(ctx, pgURL)
 	if err != nil {
@@ -299,11 +283,11 @@ func measureLatencies(ctx context.Context, bases []string, pgURL string, q queri
 		committed[k] = time.Now()
 	}
 	timeout := time.After(time.Minute)
-	for range bases {
+	for i := range bases {
 		select {
-		case err := <-done:
+		case err := <-dones[i]:
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, fmt.Errorf("client %d: %w", i, err)
 			}
 		case <-timeout:
 			return nil, nil, fmt.Errorf("not every update reached both clients within a minute of the last commit: %w", errTimeout)

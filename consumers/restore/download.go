@@ -58,6 +58,11 @@ func (r *Restorer) download(ctx context.Context, res streams.Backup, stream jets
 		err = cerr
 	}
 	if err != nil {
+		var ie *InvalidError
+		if errors.As(err, &ie) {
+			ie.Snapshot = snap.Name
+			return Result{}, err
+		}
 		return Result{}, fmt.Errorf("download snapshot %s: %w", snap.Name, err)
 	}
 	if sum := hex.EncodeToString(digest); sum != snap.SHA256 || n != snap.Size {
@@ -133,9 +138,12 @@ func (r *Restorer) fetch(ctx context.Context, info *jetstream.ObjectInfo, f *os.
 	if info.Size == 0 {
 		return 0, h.Sum(nil), nil
 	}
-	bucket := r.cfg.Shard.SnapshotBucket()
-	oc, err := r.js.OrderedConsumer(ctx, "OBJ_"+bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{r.cfg.Shard.SnapshotChunks(info.NUID)},
+	stream, subj := "OBJ_"+r.cfg.Shard.SnapshotBucket(), r.cfg.Shard.SnapshotChunks(info.NUID)
+	if err := r.countChunks(ctx, stream, subj, info); err != nil {
+		return 0, nil, err
+	}
+	oc, err := r.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subj},
 	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("read chunks: %w", err)
@@ -171,8 +179,13 @@ func (r *Restorer) fetch(ctx context.Context, info *jetstream.ObjectInfo, f *os.
 		}
 		return nil
 	})
+	// The hasher and the writer stop at a cancellation rather than work
+	// through the chunks already received.
 	g.Go(func() error {
 		for b := range toHash {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
 			t := time.Now()
 			h.Write(b)
 			hashBusy += time.Since(t)
@@ -183,6 +196,9 @@ func (r *Restorer) fetch(ctx context.Context, info *jetstream.ObjectInfo, f *os.
 	g.Go(func() error {
 		wb := writeback{f: f, log: r.log}
 		for b := range toWrite {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
 			t := time.Now()
 			m, err := f.Write(b)
 			n += int64(m)
@@ -203,6 +219,25 @@ func (r *Restorer) fetch(ctx context.Context, info *jetstream.ObjectInfo, f *os.
 	r.log.Debug("download stages", "took", time.Since(t0).Round(time.Millisecond), "receive_wait", recvWait.Round(time.Millisecond),
 		"hash", hashBusy.Round(time.Millisecond), "write", writeBusy.Round(time.Millisecond), "writeback_wait", wbWait.Round(time.Millisecond))
 	return n, h.Sum(nil), nil
+}
+
+// countChunks checks that the object store holds as many chunks of the
+// object as its info names. The receiver waits for each chunk in turn, so
+// with some missing (a file store that lost a block, a snapshot deleted
+// whose info survived) it would wait forever instead of failing.
+func (r *Restorer) countChunks(ctx context.Context, stream, subj string, info *jetstream.ObjectInfo) error {
+	s, err := r.js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("read chunks: %w", err)
+	}
+	si, err := s.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return fmt.Errorf("read chunks: %w", err)
+	}
+	if have := si.State.Subjects[subj]; have != uint64(info.Chunks) {
+		return &InvalidError{"", ErrCorrupt, fmt.Sprintf("the object store holds %d chunks of it, but its info names %d", have, info.Chunks)}
+	}
+	return nil
 }
 
 // writeback starts the writeback of each window a download writes and waits

@@ -95,7 +95,7 @@ type outcome struct {
 }
 
 func newProcessor(db *sql.DB, st replica.State) *processor {
-	return &processor{db: db, applier: replica.NewApplier(), st: st, pending: st, clean: st, waiting: st.ReplicaVersion == ""}
+	return &processor{db: db, applier: replica.NewApplier(db), st: st, pending: st, clean: st, waiting: st.ReplicaVersion == ""}
 }
 
 // committable reports whether tx holds complete transactions only.
@@ -165,7 +165,7 @@ func (p *processor) handle(ctx context.Context, seq uint64, m *streams.Message) 
 			return err
 		}
 		if !p.open {
-			if _, err := p.tx.ExecContext(ctx, "SAVEPOINT upstream_tx"); err != nil {
+			if _, err := p.applier.Exec(ctx, p.tx, "SAVEPOINT upstream_tx"); err != nil {
 				return fmt.Errorf("savepoint: %w", err)
 			}
 			p.open, p.openWM, p.nextPart, p.openMidMsg = true, pt.Watermark, 0, i > 0
@@ -195,7 +195,7 @@ func (p *processor) handle(ctx context.Context, seq uint64, m *streams.Message) 
 		applied = true
 		p.nextPart++
 		if pt.Last {
-			if _, err := p.tx.ExecContext(ctx, "RELEASE upstream_tx"); err != nil {
+			if _, err := p.applier.Exec(ctx, p.tx, "RELEASE upstream_tx"); err != nil {
 				return fmt.Errorf("release savepoint: %w", err)
 			}
 			p.open = false
@@ -239,10 +239,10 @@ func (p *processor) abortOpen(ctx context.Context) error {
 		p.rollback()
 		return nil
 	}
-	if _, err := p.tx.ExecContext(ctx, "ROLLBACK TO upstream_tx"); err != nil {
+	if _, err := p.applier.Exec(ctx, p.tx, "ROLLBACK TO upstream_tx"); err != nil {
 		return fmt.Errorf("roll back to savepoint: %w", err)
 	}
-	if _, err := p.tx.ExecContext(ctx, "RELEASE upstream_tx"); err != nil {
+	if _, err := p.applier.Exec(ctx, p.tx, "RELEASE upstream_tx"); err != nil {
 		return fmt.Errorf("release savepoint: %w", err)
 	}
 	// The applier may have cached tables the savepoint no longer holds.
@@ -263,7 +263,7 @@ func (p *processor) commit(ctx context.Context, now time.Time) (outcome, error) 
 		return outcome{}, fmt.Errorf("commit inside transaction %s", p.openWM)
 	}
 	p.pending.WriteTimeMs = now.UnixMilli()
-	if err := replica.SaveProgress(ctx, p.tx, p.pending); err != nil {
+	if err := replica.SaveProgress(ctx, p.applier.Execer(p.tx), p.pending); err != nil {
 		p.rollback()
 		return outcome{}, err
 	}
@@ -271,7 +271,7 @@ func (p *processor) commit(ctx context.Context, now time.Time) (outcome, error) 
 		p.rollback()
 		return outcome{}, err
 	}
-	if err := p.tx.Commit(); err != nil {
+	if err := p.applier.Commit(ctx, p.tx); err != nil {
 		p.rollback()
 		return outcome{}, fmt.Errorf("commit: %w", err)
 	}

@@ -52,8 +52,9 @@ type Collector interface {
 }
 
 // Applier applies parts to a replica, one SQLite transaction at a time. It
-// caches table specs and the transaction's prepared statements, so after a
-// rollback the caller must call Discard. It is not safe for concurrent use.
+// caches table specs and prepared statements, so after a rollback the
+// caller must call Discard, and commits through Commit, which keeps the
+// statements for the next transactions. It is not safe for concurrent use.
 type Applier struct {
 	// Collector, when set, is told of every change. The old row of an
 	// update or delete comes from the change where it carries the whole
@@ -64,37 +65,103 @@ type Applier struct {
 
 	tables map[string]*table
 	tx     *sql.Tx
+	stmts  *stmtCache
 	// Buffers of insertRun, kept between calls.
 	batch []pendingInsert
 	args  []any
 }
 
-// NewApplier returns an Applier with empty caches.
-func NewApplier() *Applier {
-	return &Applier{tables: map[string]*table{}}
+// NewApplier returns an Applier with empty caches, for transactions of
+// db. With db nil, statements are prepared again in each transaction.
+func NewApplier(db *sql.DB) *Applier {
+	return &Applier{tables: map[string]*table{}, stmts: newStmtCache(db, DefaultStmtCacheSize)}
 }
 
 // Discard drops the caches, which may describe what a rolled-back
 // transaction created.
 func (a *Applier) Discard() {
-	a.closeStmts()
+	a.stmts.invalidate()
 	a.tables = map[string]*table{}
 	a.tx = nil
 }
 
-func (a *Applier) closeStmts() {
-	for _, t := range a.tables {
-		t.closeStmts()
+// Commit commits tx, and keeps the statements it prepared for the
+// transactions after it.
+func (a *Applier) Commit(ctx context.Context, tx *sql.Tx) error {
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	a.stmts.commit(ctx, tx)
+	if a.tx == tx {
+		a.tx = nil
+	}
+	return nil
+}
+
+// Exec runs query in tx as a prepared statement, kept as the Applier's
+// own are: for the statements a caller runs in every transaction, such as
+// savepoints and SaveProgress's.
+func (a *Applier) Exec(ctx context.Context, tx *sql.Tx, query string, args ...any) (sql.Result, error) {
+	a.use(tx)
+	st, err := a.stmts.stmt(ctx, tx, query, true)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+// Execer returns an Execer that runs tx's statements through Exec.
+func (a *Applier) Execer(tx *sql.Tx) Execer { return applierExecer{a: a, tx: tx} }
+
+type applierExecer struct {
+	a  *Applier
+	tx *sql.Tx
+}
+
+func (e applierExecer) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return e.a.Exec(ctx, e.tx, query, args...)
+}
+
+// KeptStatements is how many prepared statements the Applier keeps for
+// its next transactions.
+func (a *Applier) KeptStatements() int { return len(a.stmts.bySQL) }
+
+// use binds the Applier to tx: statements bound to an earlier transaction
+// died with it.
+func (a *Applier) use(tx *sql.Tx) {
+	if tx != a.tx {
+		a.stmts.use(tx)
+		a.tx = tx
 	}
 }
 
-// use binds the statement caches to tx: statements prepared in an earlier
-// transaction died with it.
-func (a *Applier) use(tx *sql.Tx) {
-	if tx != a.tx {
-		a.closeStmts()
-		a.tx = tx
+// stmt returns t's statement cached under key, whose SQL build makes.
+func (a *Applier) stmt(ctx context.Context, t *table, key string, build func() string) (*sql.Stmt, error) {
+	q, ok := t.sqls[key]
+	if !ok {
+		q = build()
+		t.sqls[key] = q
 	}
+	s, err := a.stmts.stmt(ctx, a.tx, q, true)
+	if err != nil {
+		return nil, fmt.Errorf("prepare for %s: %w", t.name, err)
+	}
+	return s, nil
+}
+
+// schemaChanged drops the prepared statements before a change to the
+// replica's schema: they are kept only against the schema they were
+// prepared for.
+func (a *Applier) schemaChanged() { a.stmts.invalidate() }
+
+// isSchemaChange reports whether op changes the replica's schema.
+func isSchemaChange(op streams.Op) bool {
+	switch op {
+	case streams.OpReset, streams.OpCreateTable, streams.OpCreateIndex, streams.OpDropTable,
+		streams.OpRenameTable, streams.OpAddColumn, streams.OpUpdateColumn, streams.OpDropColumn, streams.OpDropIndex:
+		return true
+	}
+	return false
 }
 
 // Apply applies p, which belongs to table (schema, name) or, for the tx
@@ -120,6 +187,9 @@ func (a *Applier) Apply(ctx context.Context, tx *sql.Tx, schema, name string, p 
 }
 
 func (a *Applier) apply(ctx context.Context, tx *sql.Tx, schema, name string, p *streams.Part, c *streams.Change) error {
+	if isSchemaChange(c.Op) {
+		a.schemaChanged()
+	}
 	switch c.Op {
 	case streams.OpReset:
 		return a.reset(ctx, tx, c.Reset, p.CommitTimeMs)
@@ -181,7 +251,6 @@ func (a *Applier) Flush(ctx context.Context, tx *sql.Tx) error {
 }
 
 func (a *Applier) reset(ctx context.Context, tx *sql.Tx, r *streams.Reset, commitTimeMs float64) error {
-	a.closeStmts()
 	a.tables = map[string]*table{}
 	if err := dropUserTables(ctx, tx); err != nil {
 		return err
@@ -250,7 +319,9 @@ type table struct {
 	byName  map[string]int
 	pk      []int
 	pkIndex string // "" while a backfill has put it off
-	stmts   map[string]*sql.Stmt
+	// sqls memoises the SQL of the table's statements, by a key of their
+	// shape, so that finding a cached statement builds no SQL.
+	sqls map[string]string
 }
 
 func newTable(spec streams.TableSpec, pkIndex string) (*table, error) {
@@ -261,7 +332,7 @@ func newTable(spec streams.TableSpec, pkIndex string) (*table, error) {
 		spec:    spec,
 		byName:  make(map[string]int, len(spec.Columns)),
 		pkIndex: pkIndex,
-		stmts:   map[string]*sql.Stmt{},
+		sqls:    map[string]string{},
 	}
 	for i, c := range spec.Columns {
 		if c.Name == VersionColumn {
@@ -287,13 +358,6 @@ func newTable(spec streams.TableSpec, pkIndex string) (*table, error) {
 		t.pk = append(t.pk, i)
 	}
 	return t, nil
-}
-
-func (t *table) closeStmts() {
-	for k, s := range t.stmts {
-		s.Close()
-		delete(t.stmts, k)
-	}
 }
 
 // table returns the cached table, loading it from TablesTable.
@@ -391,7 +455,6 @@ func columnDef(c streams.ColumnSpec) string {
 // the replica has (DDL). Columns are added and dropped in place; every row's
 // version is raised to version, so that clients get the new shape.
 func (a *Applier) alterTable(ctx context.Context, tx *sql.Tx, old, t *table, version string) error {
-	old.closeStmts()
 	for _, c := range old.spec.Columns {
 		if _, ok := t.byName[c.Name]; ok {
 			continue
@@ -521,6 +584,7 @@ func (a *Applier) ensurePK(ctx context.Context, tx *sql.Tx, t *table) error {
 }
 
 func (a *Applier) createPK(ctx context.Context, tx *sql.Tx, t *table, name string) error {
+	a.schemaChanged()
 	cols := make([]string, len(t.pk))
 	for i, c := range t.pk {
 		cols[i] = t.cols[c].quoted
@@ -610,16 +674,17 @@ func (a *Applier) backfill(ctx context.Context, tx *sql.Tx, t *table, c *streams
 	head := "INSERT OR REPLACE INTO " + quoteIdent(t.name) + " (" + strings.Join(names, ", ") + ") VALUES "
 	// Every row has the same version: a literal spares a bind per row.
 	tuple := "(" + strings.Repeat("?, ", width) + sqlLiteral(version) + ")"
-	key := "b\x00" + version + "\x00" + strings.Join(c.Columns, "\x00")
 	args := make([]any, 0, per*width)
+	var st *sql.Stmt
 	for rows := c.Rows; len(rows) > 0; {
 		n := min(per, len(rows))
-		k := fmt.Sprintf("%s\x00%d", key, n)
-		st, err := t.stmt(ctx, tx, k, func() string {
-			return head + strings.Repeat(tuple+", ", n-1) + tuple
-		})
-		if err != nil {
-			return err
+		if st == nil || n < per {
+			// The version literal changes with the transaction: not worth
+			// keeping past it.
+			var err error
+			if st, err = a.stmts.stmt(ctx, tx, head+strings.Repeat(tuple+", ", n-1)+tuple, false); err != nil {
+				return fmt.Errorf("prepare for %s: %w", t.name, err)
+			}
 		}
 		args = args[:0]
 		for _, r := range rows[:n] {
@@ -640,19 +705,6 @@ func (a *Applier) backfill(ctx context.Context, tx *sql.Tx, t *table, c *streams
 		a.Collector.TableChanged(t.name)
 	}
 	return nil
-}
-
-// stmt returns the statement cached under key in tx, preparing build().
-func (t *table) stmt(ctx context.Context, tx *sql.Tx, key string, build func() string) (*sql.Stmt, error) {
-	if s, ok := t.stmts[key]; ok {
-		return s, nil
-	}
-	s, err := tx.PrepareContext(ctx, build())
-	if err != nil {
-		return nil, fmt.Errorf("prepare for %s: %w", t.name, err)
-	}
-	t.stmts[key] = s
-	return s, nil
 }
 
 // rowValues converts row into one value per column, nil where absent. It
@@ -763,7 +815,7 @@ func (t *table) scan(r *sql.Row) (map[string]any, error) {
 }
 
 func (a *Applier) selectRow(ctx context.Context, t *table, cols []int, kv []any) (map[string]any, error) {
-	st, err := t.stmt(ctx, a.tx, maskKey("s", colsMask(len(t.cols), cols)), func() string {
+	st, err := a.stmt(ctx, t, maskKey("s", colsMask(len(t.cols), cols)), func() string {
 		return "SELECT " + t.allColumns() + " FROM " + quoteIdent(t.name) + t.where(cols)
 	})
 	if err != nil {
@@ -787,7 +839,7 @@ func (a *Applier) upsert(ctx context.Context, t *table, vals []any, present []bo
 	if collect {
 		op = "ir"
 	}
-	st, err := t.stmt(ctx, a.tx, op, func() string {
+	st, err := a.stmt(ctx, t, op, func() string {
 		q := "INSERT OR REPLACE INTO " + quoteIdent(t.name) + " (" + t.allColumns() + ") VALUES (" +
 			strings.Repeat("?, ", len(t.cols)) + "?)"
 		if collect {
@@ -811,7 +863,7 @@ func (a *Applier) upsert(ctx context.Context, t *table, vals []any, present []bo
 	}
 	// Most inserts replace nothing: a plain insert that succeeds shows
 	// there was no old row, without reading for it.
-	fresh, err := t.stmt(ctx, a.tx, "in", func() string {
+	fresh, err := a.stmt(ctx, t, "in", func() string {
 		return "INSERT INTO " + quoteIdent(t.name) + " (" + t.allColumns() + ") VALUES (" +
 			strings.Repeat("?, ", len(t.cols)) + "?) ON CONFLICT DO NOTHING RETURNING " + t.allColumns()
 	})
@@ -837,7 +889,7 @@ func (a *Applier) replaceRow(ctx context.Context, t *table, cols []int, kv, args
 	if err != nil {
 		return nil, err
 	}
-	st, err := t.stmt(ctx, a.tx, "ir", func() string {
+	st, err := a.stmt(ctx, t, "ir", func() string {
 		return "INSERT OR REPLACE INTO " + quoteIdent(t.name) + " (" + t.allColumns() + ") VALUES (" +
 			strings.Repeat("?, ", len(t.cols)) + "?) RETURNING " + t.allColumns()
 	})
@@ -919,7 +971,7 @@ func (a *Applier) update(ctx context.Context, t *table, c *streams.Change, versi
 		op = "ur"
 	}
 	k := maskKey(op, present) + "/" + maskKey("", colsMask(len(t.cols), keyCols))
-	st, err := t.stmt(ctx, a.tx, k, func() string {
+	st, err := a.stmt(ctx, t, k, func() string {
 		var b strings.Builder
 		b.WriteString("UPDATE OR REPLACE " + quoteIdent(t.name) + " SET ")
 		for i, p := range present {
@@ -1003,7 +1055,7 @@ func (a *Applier) delete(ctx context.Context, t *table, oldRow streams.Row) erro
 			}
 		}
 	}
-	st, err := t.stmt(ctx, a.tx, maskKey("d", colsMask(len(t.cols), cols)), func() string {
+	st, err := a.stmt(ctx, t, maskKey("d", colsMask(len(t.cols), cols)), func() string {
 		return "DELETE FROM " + quoteIdent(t.name) + t.where(cols)
 	})
 	if err != nil {

@@ -142,7 +142,7 @@ func run(t *testing.T, steps []string, collect bool) string {
 	t.Helper()
 	ctx := context.Background()
 	db := openDB(t)
-	a := replica.NewApplier()
+	a := replica.NewApplier(db)
 	rec := &recorder{}
 	if collect {
 		a.Collector = rec
@@ -163,7 +163,7 @@ func run(t *testing.T, steps []string, collect bool) string {
 			if err := a.Flush(ctx, tx); err != nil {
 				t.Fatalf("Flush: %v", err)
 			}
-			if err := tx.Commit(); err != nil {
+			if err := a.Commit(ctx, tx); err != nil {
 				t.Fatal(err)
 			}
 			tx = nil
@@ -307,7 +307,7 @@ func TestWipe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a := replica.NewApplier()
+	a := replica.NewApplier(db)
 	run(func(tx *sql.Tx) error {
 		p := initialSync("0a", 3)
 		for i := range p.parts {

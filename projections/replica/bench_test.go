@@ -81,7 +81,7 @@ func BenchmarkApplyBackfill(b *testing.B) {
 	ctx := context.Background()
 	db := openDB(b)
 	s := initialSync("0a", rows)
-	a := replica.NewApplier()
+	a := replica.NewApplier(db)
 	b.ReportAllocs()
 	for b.Loop() {
 		tx, err := db.BeginTx(ctx, nil)
@@ -96,7 +96,7 @@ func BenchmarkApplyBackfill(b *testing.B) {
 		if err := a.Flush(ctx, tx); err != nil {
 			b.Fatal(err)
 		}
-		if err := tx.Commit(); err != nil {
+		if err := a.Commit(ctx, tx); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -120,7 +120,7 @@ func BenchmarkApplyBatch(b *testing.B) {
 			const size = 256
 			ctx := context.Background()
 			db := openDB(b)
-			a := replica.NewApplier()
+			a := replica.NewApplier(db)
 			s := initialSync("0a", 10000)
 			tx, _ := db.BeginTx(ctx, nil)
 			for i := range s.parts {
@@ -128,7 +128,7 @@ func BenchmarkApplyBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := tx.Commit(); err != nil {
+			if err := a.Commit(ctx, tx); err != nil {
 				b.Fatal(err)
 			}
 			if collect {
@@ -168,7 +168,7 @@ func BenchmarkApplyBatch(b *testing.B) {
 				if err := replica.SaveProgress(ctx, tx, replica.State{Watermark: streams.Lexi(lsn), StreamSeq: lsn}); err != nil {
 					b.Fatal(err)
 				}
-				if err := tx.Commit(); err != nil {
+				if err := a.Commit(ctx, tx); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -200,7 +200,7 @@ func BenchmarkApplyOps(b *testing.B) {
 		b.Run("op="+bc.op+"/identity="+bc.identity, func(b *testing.B) {
 			ctx := context.Background()
 			db := openDB(b)
-			a := replica.NewApplier()
+			a := replica.NewApplier(db)
 			s := initialSync("0a", rows)
 			tx, _ := db.BeginTx(ctx, nil)
 			for i := range s.parts {
@@ -208,7 +208,7 @@ func BenchmarkApplyOps(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := tx.Commit(); err != nil {
+			if err := a.Commit(ctx, tx); err != nil {
 				b.Fatal(err)
 			}
 			lsn := uint64(1000)
@@ -229,7 +229,7 @@ func BenchmarkApplyOps(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if err := tx.Commit(); err != nil {
+				if err := a.Commit(ctx, tx); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -290,7 +290,7 @@ func BenchmarkApplyTx(b *testing.B) {
 		b.Run(fmt.Sprintf("rows=%d/collect=%v", txRows, collect), func(b *testing.B) {
 			ctx := context.Background()
 			db := openDB(b)
-			a := replica.NewApplier()
+			a := replica.NewApplier(db)
 			s := initialSync("0a", 0)
 			tx, _ := db.BeginTx(ctx, nil)
 			for i := range s.parts {
@@ -298,7 +298,7 @@ func BenchmarkApplyTx(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := tx.Commit(); err != nil {
+			if err := a.Commit(ctx, tx); err != nil {
 				b.Fatal(err)
 			}
 			if collect {
@@ -331,7 +331,7 @@ func BenchmarkApplyTx(b *testing.B) {
 				if err := replica.SaveProgress(ctx, tx, replica.State{Watermark: p.Watermark, StreamSeq: lsn}); err != nil {
 					b.Fatal(err)
 				}
-				if err := tx.Commit(); err != nil {
+				if err := a.Commit(ctx, tx); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -19,10 +19,7 @@ import (
 
 func (a *Applier) dropTable(ctx context.Context, tx *sql.Tx, schema, name string) error {
 	tn := TableName(schema, name)
-	if t, ok := a.tables[tn]; ok {
-		t.closeStmts()
-		delete(a.tables, tn)
-	}
+	delete(a.tables, tn)
 	if _, err := tx.ExecContext(ctx, "DROP TABLE IF EXISTS "+quoteIdent(tn)); err != nil {
 		return fmt.Errorf("drop table %s: %w", tn, err)
 	}
@@ -60,7 +57,6 @@ func (a *Applier) renameTable(ctx context.Context, tx *sql.Tx, t *table, spec *s
 	if nt.name == t.name {
 		return a.replaceTable(ctx, tx, t, nt, version)
 	}
-	t.closeStmts()
 	if _, err := tx.ExecContext(ctx, "ALTER TABLE "+quoteIdent(t.name)+" RENAME TO "+quoteIdent(nt.name)); err != nil {
 		return fmt.Errorf("rename table %s to %s: %w", t.name, nt.name, err)
 	}
@@ -92,7 +88,6 @@ func (a *Applier) addColumn(ctx context.Context, tx *sql.Tx, t *table, c *stream
 			def += " DEFAULT " + sqlLiteral(v)
 		}
 	}
-	t.closeStmts()
 	if _, err := tx.ExecContext(ctx, "ALTER TABLE "+quoteIdent(t.name)+" ADD COLUMN "+def); err != nil {
 		return fmt.Errorf("add column %s.%s: %w", t.name, name, err)
 	}
@@ -133,7 +128,6 @@ func (a *Applier) updateColumn(ctx context.Context, tx *sql.Tx, t *table, c *str
 		return err
 	}
 	oc, nc := t.spec.Columns[oi], nt.spec.Columns[nt.byName[newName]]
-	t.closeStmts()
 	changed := false
 	if declaredType(oc) != declaredType(nc) {
 		// SQLite cannot change a column's type in place.
@@ -219,7 +213,6 @@ func (a *Applier) dropColumn(ctx context.Context, tx *sql.Tx, t *table, c *strea
 	if err != nil {
 		return err
 	}
-	t.closeStmts()
 	// SQLite refuses to drop an indexed column; Postgres has dropped those
 	// indexes with it.
 	dropped, err := dropIndexesOn(ctx, tx, t.name, name)
@@ -245,7 +238,6 @@ func (a *Applier) dropIndex(ctx context.Context, tx *sql.Tx, t *table, idx *stre
 	}
 	// The table's key is changing too (a create-table with its new spec
 	// follows), or is kept by another index: ensurePK sees to it.
-	t.closeStmts()
 	t.pkIndex = ""
 	if _, err := tx.ExecContext(ctx, `UPDATE "_jetsync.tables" SET pkIndex = NULL WHERE name = ?`, t.name); err != nil {
 		return fmt.Errorf("drop index %s: %w", name, err)
@@ -257,7 +249,6 @@ func (a *Applier) dropIndex(ctx context.Context, tx *sql.Tx, t *table, idx *stre
 // Collector. A non-empty version is the change's: every row's version is
 // raised to it.
 func (a *Applier) replaceTable(ctx context.Context, tx *sql.Tx, old, nt *table, version string) error {
-	old.closeStmts()
 	if err := a.saveTable(ctx, tx, nt); err != nil {
 		return err
 	}

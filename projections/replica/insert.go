@@ -125,7 +125,7 @@ func (a *Applier) insertBatch(ctx context.Context, t *table, rows []pendingInser
 		return nil
 	}
 	if n > 1 {
-		if _, err := a.tx.ExecContext(ctx, "SAVEPOINT replica_insert_batch"); err != nil {
+		if _, err := a.Exec(ctx, a.tx, "SAVEPOINT replica_insert_batch"); err != nil {
 			return fmt.Errorf("insert into %s: %w", t.name, err)
 		}
 	}
@@ -137,15 +137,15 @@ func (a *Applier) insertBatch(ctx context.Context, t *table, rows []pendingInser
 	if err != nil {
 		if n > 1 {
 			// The caller rolls the transaction back; this only tidies.
-			if _, rerr := a.tx.ExecContext(ctx, "ROLLBACK TO replica_insert_batch"); rerr == nil {
-				a.tx.ExecContext(ctx, "RELEASE replica_insert_batch")
+			if _, rerr := a.Exec(ctx, a.tx, "ROLLBACK TO replica_insert_batch"); rerr == nil {
+				a.Exec(ctx, a.tx, "RELEASE replica_insert_batch")
 			}
 		}
 		return fmt.Errorf("insert into %s: %w", t.name, err)
 	}
 	if written == int64(n) {
 		if n > 1 {
-			if _, err := a.tx.ExecContext(ctx, "RELEASE replica_insert_batch"); err != nil {
+			if _, err := a.Exec(ctx, a.tx, "RELEASE replica_insert_batch"); err != nil {
 				return fmt.Errorf("insert into %s: %w", t.name, err)
 			}
 		}
@@ -156,10 +156,10 @@ func (a *Applier) insertBatch(ctx context.Context, t *table, rows []pendingInser
 	}
 	if n > 1 {
 		// A key was taken: undo, and go one row at a time.
-		if _, err := a.tx.ExecContext(ctx, "ROLLBACK TO replica_insert_batch"); err != nil {
+		if _, err := a.Exec(ctx, a.tx, "ROLLBACK TO replica_insert_batch"); err != nil {
 			return fmt.Errorf("insert into %s: %w", t.name, err)
 		}
-		if _, err := a.tx.ExecContext(ctx, "RELEASE replica_insert_batch"); err != nil {
+		if _, err := a.Exec(ctx, a.tx, "RELEASE replica_insert_batch"); err != nil {
 			return fmt.Errorf("insert into %s: %w", t.name, err)
 		}
 		for i := range rows {
@@ -185,7 +185,7 @@ func (a *Applier) insertStmt(ctx context.Context, t *table, n int, ignore bool) 
 	if ignore {
 		op = "N"
 	}
-	return t.stmt(ctx, a.tx, op+strconv.Itoa(n), func() string {
+	return a.stmt(ctx, t, op+strconv.Itoa(n), func() string {
 		tuple := "(" + strings.Repeat("?, ", len(t.cols)) + "?)"
 		verb := "INSERT OR REPLACE INTO "
 		if ignore {

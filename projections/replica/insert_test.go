@@ -47,7 +47,7 @@ func newThingReplica(t *testing.T) (*sql.DB, *replica.Applier) {
 	t.Helper()
 	ctx := context.Background()
 	db := openDB(t)
-	a := replica.NewApplier()
+	a := replica.NewApplier(db)
 	spec := imageSpec
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -61,7 +61,7 @@ func newThingReplica(t *testing.T) (*sql.DB, *replica.Applier) {
 			t.Fatal(err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	if err := a.Commit(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 	return db, a
@@ -77,7 +77,7 @@ func applyPart(t *testing.T, db *sql.DB, a *replica.Applier, p *streams.Part) {
 	if err := a.Apply(ctx, tx, "public", "thing", p); err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := a.Commit(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -101,6 +101,50 @@ func TestUpdate_RefsShared(t *testing.T) {
 	}
 }
 
+// TestUpdate_ReleaseShares checks that dropping a query makes no map per
+// row: rows left with no query share one empty refs map, a row left with
+// one query that query's shared map; and that an update which does not
+// compare values keeps none of the rows it found.
+func TestUpdate_ReleaseShares(t *testing.T) {
+	rs := newRowSource(t)
+	same := func(x, y map[string]int) bool { return reflect.ValueOf(x).Pointer() == reflect.ValueOf(y).Pointer() }
+	for _, compare := range []bool{false, true} {
+		c := New("g")
+		c.Queries["q1"], c.Queries["q2"] = &Query{Hash: "q1"}, &Query{Hash: "q2"}
+		u := c.BeginQuery("01")
+		a := u.Hold(rowIDOf("a"), `{"id":"a"}`, "q1", rs.row("a", "01", ""))
+		b := u.Hold(rowIDOf("b"), `{"id":"b"}`, "q1", rs.row("b", "01", ""))
+		x := u.Hold(rowIDOf("x"), `{"id":"x"}`, "q1", rs.row("x", "01", ""))
+		u.Hold(rowIDOf("x"), `{"id":"x"}`, "q2", rs.row("x", "01", ""))
+		only := u.Hold(rowIDOf("y"), `{"id":"y"}`, "q2", rs.row("y", "01", ""))
+		if err := u.Finish(nil); err != nil {
+			t.Fatal(err)
+		}
+		u = c.BeginQuery("02")
+		u.Compare = compare
+		for _, id := range []string{"a", "b", "x"} {
+			u.Release(rowIDOf(id), "q1")
+		}
+		if len(a.Refs) != 0 || a.Refs == nil || !same(a.Refs, b.Refs) {
+			t.Errorf("compare=%v: released rows' refs %v and %v; want one shared empty map", compare, a.Refs, b.Refs)
+		}
+		if !reflect.DeepEqual(x.Refs, map[string]int{"q2": 1}) || !same(x.Refs, only.Refs) {
+			t.Errorf("compare=%v: x's refs %v; want q2's shared map", compare, x.Refs)
+		}
+		for i, st := range u.starts {
+			if st.value.IsZero() == compare {
+				t.Errorf("compare=%v: start %d keeps a value: %v", compare, i, !st.value.IsZero())
+			}
+		}
+		if err := u.Finish(nil); err != nil {
+			t.Fatal(err)
+		}
+		if a.Refs != nil || b.Refs != nil || !reflect.DeepEqual(only.Refs, map[string]int{"q2": 1}) {
+			t.Errorf("compare=%v: after Finish a %v, b %v, y %v", compare, a.Refs, b.Refs, only.Refs)
+		}
+	}
+}
+
 func TestPutNeeded(t *testing.T) {
 	rs := newRowSource(t)
 	v1, v1b := rs.row("a", "01", "x"), rs.row("a", "01", "y")

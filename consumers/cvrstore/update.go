@@ -61,14 +61,16 @@ func (e *touchedRow) st(u *Update) rowStart {
 
 // rowStart is a row as the update found it.
 type rowStart struct {
-	live    bool
 	version string
-	value   zql.RowValue
+	// value is kept for a comparing update (Update.Compare) only.
+	value zql.RowValue
 	// existed, patchVersion and refs are the record as the update found
 	// it, so that a durable store writes only the records that changed.
-	existed      bool
 	patchVersion string
 	refs         map[string]int
+	// live and existed sit together, so that a start takes 64 bytes: a
+	// dropped whole-table query has one per row.
+	live, existed bool
 }
 
 // BeginConfig starts a config-driven update.
@@ -289,7 +291,13 @@ func (u *Update) touchRow(rec *Row) {
 	if rec != nil {
 		st := rowStart{existed: true, version: rec.RowVersion, patchVersion: rec.PatchVersion, refs: rec.Refs} // never changed in place
 		if rec.Refs != nil {
-			st.live, st.value = true, rec.Value
+			st.live = true
+			if u.Compare {
+				// Only a comparing update reads it; keeping it otherwise
+				// would hold every value of a dropped query's rows until
+				// the update is gone.
+				st.value = rec.Value
+			}
 		}
 		e.start = int32(len(u.starts))
 		u.starts = append(u.starts, st)
@@ -337,7 +345,7 @@ func (u *Update) Hold(id, key, hash string, r zql.RowValue) *Row {
 func (u *Update) Release(id, hash string) {
 	rec := u.c.Rows[id]
 	u.touchRow(rec)
-	delRef(rec, hash)
+	u.c.delRef(rec, hash)
 }
 
 // Put reports whether the held row rec (id) will be sent as a put if it
@@ -393,10 +401,25 @@ func (c *CVR) addRef(rec *Row, hash string) {
 }
 
 // delRef makes the query hash no longer hold rec; the refs of a row no
-// query holds any more are empty, not nil, until Finish.
-func delRef(rec *Row, hash string) {
+// query holds any more are empty, not nil, until Finish. A row left with
+// no query, or with one, shares the CVR's map for that, as addRef's rows
+// do: dropping a whole-table query makes no map per row.
+func (c *CVR) delRef(rec *Row, hash string) {
 	if _, ok := rec.Refs[hash]; !ok {
 		return
+	}
+	switch len(rec.Refs) {
+	case 1:
+		rec.Refs = noRefs
+		return
+	case 2:
+		for h, n := range rec.Refs {
+			if h != hash && n == 1 {
+				rec.Refs = nil
+				c.addRef(rec, h)
+				return
+			}
+		}
 	}
 	m := make(map[string]int, len(rec.Refs)-1)
 	for h, n := range rec.Refs {
@@ -406,6 +429,10 @@ func delRef(rec *Row, hash string) {
 	}
 	rec.Refs = m
 }
+
+// noRefs is the refs of a row no query holds any more, until Finish. Like
+// every refs map, it is never written.
+var noRefs = map[string]int{}
 
 // Finish turns the update's reference changes into row patches: a put for
 // a row that appeared or changed, a del (and a tombstone) for one no got

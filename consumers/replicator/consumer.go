@@ -594,6 +594,13 @@ func (c *Consumer) commit(ctx context.Context) error {
 	c.commitMu.Unlock()
 	c.noteWatermark(p.st.Watermark)
 	if o.initialSync {
+		// The copy and its index builds leave the writer's page cache full,
+		// up to its 64 MB, of pages written once: resident for the life of
+		// the process, and none of them the updates' working set, which
+		// refills the cache as it needs.
+		if _, err := p.db.ExecContext(ctx, "PRAGMA shrink_memory"); err != nil {
+			c.log.Debug("shrink the page cache", "err", err)
+		}
 		c.log.Info("initial sync applied", logkey.ReplicaVersion, p.st.ReplicaVersion, logkey.Seq, p.st.StreamSeq, "changes", o.changes)
 	}
 	c.log.Debug("committed", logkey.Seq, p.st.StreamSeq, logkey.Watermark, p.st.Watermark, "transactions", o.txns, "changes", o.changes)

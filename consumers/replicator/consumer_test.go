@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"modernc.org/sqlite"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
 	"github.com/jetsync/jetsync/internal/polltest"
@@ -406,5 +408,40 @@ func TestConsumer_Gaps(t *testing.T) {
 		if n := strings.Count(r2.logs.String(), "replica missed history"); n != 2 {
 			t.Errorf("gaps logged %d times; want 2:\n%s", n, r2.logs)
 		}
+	})
+}
+
+// TestConsumer_InitialSyncLeavesNoCache checks that the writer does not
+// keep the initial copy's pages in its page cache: they would stay
+// resident for the life of the process.
+func TestConsumer_InitialSyncLeavesNoCache(t *testing.T) {
+	e := newEnv(t)
+	e.initialSync(30000)
+	dbs := make(chan *sql.DB, 1)
+	defer replicator.SetOpenHook(func(db *sql.DB) { dbs <- db })()
+	file := tempFile(t)
+	r := e.start(e.config(file))
+	db := <-dbs
+	r.waitWM(t, e.Version)
+	fi, err := os.Stat(file + "-wal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the copy wrote is in the WAL until a checkpoint; a cache that
+	// kept it would hold about as much.
+	var used int
+	polltest.Until(t, 10*time.Second, "page cache emptied", func() bool {
+		conn, err := db.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := conn.Raw(func(dc any) error {
+			used, _, err = dc.(sqlite.DBStatus).Status(sqlite.DBStatusCacheUsed, false)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return int64(used) < fi.Size()/4
 	})
 }

@@ -141,7 +141,7 @@ func (g *Group) replay(ctx context.Context, from, last uint64) error {
 	flush := func() error {
 		err := g.s.applyTx(ctx, func(tx *sql.Tx) error {
 			for _, it := range batch {
-				if _, err := cvr.Apply(ctx, tx, it.seq, it.m); err != nil {
+				if _, err := g.s.stmts.Apply(ctx, tx, it.seq, it.m); err != nil {
 					return err
 				}
 			}
@@ -318,7 +318,7 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 				(*hook)(g.id)
 			}
 			for i, m := range applied {
-				if _, err := cvr.Apply(actx, tx, last-uint64(len(msgs)-1-i), m); err != nil {
+				if _, err := g.s.stmts.Apply(actx, tx, last-uint64(len(msgs)-1-i), m); err != nil {
 					return err
 				}
 			}

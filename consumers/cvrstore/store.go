@@ -120,6 +120,8 @@ type Store struct {
 	kv     jetstream.KeyValue
 	// w is the projection's single writer; r serves State.
 	w, r *sql.DB
+	// stmts are the projection's statements, prepared on w's connection.
+	stmts *cvr.Stmts
 
 	// applies runs projection applies after their PubAcks (apply.go).
 	applies applyQueue
@@ -158,8 +160,14 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		w.Close()
 		return nil, fmt.Errorf("open %s: %w", cfg.File, err)
 	}
+	stmts, err := cvr.Prepare(ctx, w)
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open %s: %w", cfg.File, err)
+	}
 	r, err := sql.Open("sqlite", "file:"+cfg.File+"?_pragma=busy_timeout(10000)&mode=ro")
 	if err != nil {
+		stmts.Close()
 		w.Close()
 		return nil, fmt.Errorf("open %s: %w", cfg.File, err)
 	}
@@ -171,6 +179,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		kv:        kv,
 		w:         w,
 		r:         r,
+		stmts:     stmts,
 		leases:    map[string]*Lease{},
 		acquiring: map[string]int{},
 		purging:   map[string]bool{},
@@ -181,7 +190,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // them first to hand groups over at once.
 func (s *Store) Close() error {
 	s.applies.waitAll()
-	return errors.Join(s.r.Close(), s.w.Close())
+	return errors.Join(s.r.Close(), s.stmts.Close(), s.w.Close())
 }
 
 // Forget drops a group from the local projection, so that its next Load

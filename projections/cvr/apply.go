@@ -35,10 +35,15 @@ type Progress struct {
 // LoadProgress reads a group's progress; an unknown group has the zero
 // Progress with Last set.
 func LoadProgress(ctx context.Context, q Querier, groupID string) (Progress, error) {
+	return scanProgress(q.QueryRowContext(ctx, progressSQL, groupID))
+}
+
+const progressSQL = `SELECT seq, prev, part, last, sinceSnapshot FROM instances WHERE groupID = ?`
+
+func scanProgress(row *sql.Row) (Progress, error) {
 	p := Progress{Last: true}
 	var seq, prev int64
-	err := q.QueryRowContext(ctx, `SELECT seq, prev, part, last, sinceSnapshot FROM instances WHERE groupID = ?`, groupID).
-		Scan(&seq, &prev, &p.Part, &p.Last, &p.SinceSnapshot)
+	err := row.Scan(&seq, &prev, &p.Part, &p.Last, &p.SinceSnapshot)
 	if errors.Is(err, sql.ErrNoRows) {
 		return p, nil
 	}
@@ -56,7 +61,20 @@ func LoadProgress(ctx context.Context, q Querier, groupID string) (Progress, err
 // opens a snapshot: a snapshot replaces the group's whole state, which is
 // how a reader skips history that compaction purged.
 func Apply(ctx context.Context, tx *sql.Tx, seq uint64, m *streams.CVRMessage) (bool, error) {
-	p, err := LoadProgress(ctx, tx, m.Group)
+	return (*Stmts)(nil).Apply(ctx, tx, seq, m)
+}
+
+// Apply is the package's Apply with the statements of s: tx must be a
+// transaction of the *sql.DB that s was prepared on. A nil s prepares
+// each statement in tx.
+func (s *Stmts) Apply(ctx context.Context, tx *sql.Tx, seq uint64, m *streams.CVRMessage) (bool, error) {
+	a := applier{ctx: ctx, tx: tx, group: m.Group, prep: s}
+	defer a.close()
+	ps, err := a.stmt(progressSQL)
+	if err != nil {
+		return false, fmt.Errorf("load cvr progress: %w", err)
+	}
+	p, err := scanProgress(ps.QueryRowContext(ctx, m.Group))
 	if err != nil {
 		return false, err
 	}
@@ -73,8 +91,6 @@ func Apply(ctx context.Context, tx *sql.Tx, seq uint64, m *streams.CVRMessage) (
 		return false, fmt.Errorf("%w: group %q at seq %d (part %d of update after %d) got part %d of update after %d",
 			ErrGap, m.Group, p.Seq, p.Part, p.Prev, m.Part, m.Prev)
 	}
-	a := applier{ctx: ctx, tx: tx, group: m.Group}
-	defer a.close()
 	since := p.SinceSnapshot + 1
 	if snapshot {
 		if err := Drop(ctx, tx, m.Group); err != nil {
@@ -82,7 +98,7 @@ func Apply(ctx context.Context, tx *sql.Tx, seq uint64, m *streams.CVRMessage) (
 		}
 		since = 1
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO instances (groupID) VALUES (?) ON CONFLICT DO NOTHING`, m.Group); err != nil {
+	if err := a.execArgs(insertInstanceSQL, []any{m.Group}); err != nil {
 		return false, fmt.Errorf("apply cvr: %w", err)
 	}
 	for i := 0; i < len(m.Events); {
@@ -103,23 +119,25 @@ func Apply(ctx context.Context, tx *sql.Tx, seq uint64, m *streams.CVRMessage) (
 	}
 	// The update's version becomes the group's once it is complete, so that
 	// an update needs no instance event to record it.
-	q := `UPDATE instances SET seq = ?, prev = ?, part = ?, last = ?, sinceSnapshot = ? WHERE groupID = ?`
+	q := progressUpdateSQL
 	args := []any{int64(seq), int64(m.Prev), m.Part, m.Last, since, m.Group}
 	if m.Last && m.Version != "" {
-		q = `UPDATE instances SET seq = ?, prev = ?, part = ?, last = ?, sinceSnapshot = ?, version = ? WHERE groupID = ?`
+		q = progressVersionUpdateSQL
 		args = []any{int64(seq), int64(m.Prev), m.Part, m.Last, since, m.Version, m.Group}
 	}
-	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+	if err := a.execArgs(q, args); err != nil {
 		return false, fmt.Errorf("apply cvr progress: %w", err)
 	}
 	return true, nil
 }
 
-// applier applies one message's events, preparing each statement once.
+// applier applies one message's events, each statement bound to the
+// transaction once: prep's if it has it, else prepared in the transaction.
 type applier struct {
 	ctx   context.Context
 	tx    *sql.Tx
 	group string
+	prep  *Stmts
 	stmts map[string]*sql.Stmt
 }
 
@@ -129,24 +147,42 @@ func (a *applier) close() {
 	}
 }
 
+// stmt is query's statement in the transaction.
+func (a *applier) stmt(query string) (*sql.Stmt, error) {
+	s := a.stmts[query]
+	if s != nil {
+		return s, nil
+	}
+	if p := a.prep.get(query); p != nil {
+		// Reuses p's SQLite statement when p was prepared on the
+		// transaction's connection, as it is on a single-connection pool;
+		// on another connection, database/sql prepares it there and keeps
+		// it for next time.
+		s = a.tx.StmtContext(a.ctx, p)
+	} else {
+		var err error
+		if s, err = a.tx.PrepareContext(a.ctx, query); err != nil {
+			return nil, err
+		}
+	}
+	if a.stmts == nil {
+		a.stmts = map[string]*sql.Stmt{}
+	}
+	a.stmts[query] = s
+	return s, nil
+}
+
 func (a *applier) exec(query string, args ...any) error {
 	return a.execArgs(query, append([]any{a.group}, args...))
 }
 
-// execArgs runs query, prepared once per applier, with args as they are.
+// execArgs runs query with args as they are.
 func (a *applier) execArgs(query string, args []any) error {
-	s := a.stmts[query]
-	if s == nil {
-		var err error
-		if s, err = a.tx.PrepareContext(a.ctx, query); err != nil {
-			return err
-		}
-		if a.stmts == nil {
-			a.stmts = map[string]*sql.Stmt{}
-		}
-		a.stmts[query] = s
+	s, err := a.stmt(query)
+	if err != nil {
+		return err
 	}
-	_, err := s.ExecContext(a.ctx, args...)
+	_, err = s.ExecContext(a.ctx, args...)
 	return err
 }
 
@@ -156,44 +192,39 @@ func (a *applier) event(e *streams.CVREvent) error {
 		return nil // handled by Apply
 	case streams.CVROpInstance:
 		in := e.Instance
-		return a.exec(`UPDATE instances SET version = ?2, replicaVersion = ?3, ttlClockMs = ?4, lastActiveMs = ?5,
-			owner = ?6, grantedAtMs = ?7, profileID = ?8, userID = ?9, deleted = ?10 WHERE groupID = ?1`,
+		return a.exec(instanceSQL,
 			in.Version, in.ReplicaVersion, in.TTLClockMs, in.LastActiveMs, in.Owner, in.GrantedAtMs, in.ProfileID, in.UserID, in.Deleted)
 	case streams.CVROpClientSchema:
-		return a.exec(`UPDATE instances SET clientSchema = ?2 WHERE groupID = ?1`, rawText(e.ClientSchema))
+		return a.exec(clientSchemaSQL, rawText(e.ClientSchema))
 	case streams.CVROpPutClient:
-		return a.exec(`INSERT OR REPLACE INTO clients (groupID, clientID, deleted) VALUES (?1, ?2, ?3)`, e.Client.ID, e.Client.Deleted)
+		return a.exec(putClientSQL, e.Client.ID, e.Client.Deleted)
 	case streams.CVROpDelClient:
-		return a.exec(`DELETE FROM clients WHERE groupID = ?1 AND clientID = ?2`, e.Client.ID)
+		return a.exec(delClientSQL, e.Client.ID)
 	case streams.CVROpPutQuery:
 		q := e.Query
-		return a.exec(`INSERT OR REPLACE INTO queries (groupID, hash, ast, name, args, transformationHash, transformationVersion,
-			internal, got, patchVersion) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)`,
+		return a.exec(putQuerySQL,
 			q.Hash, rawText(q.AST), q.Name, rawText(q.Args), q.TransformationHash, q.TransformationVersion, q.Internal, q.Got, q.PatchVersion)
 	case streams.CVROpGot:
 		g := e.Got
-		return a.exec(`INSERT INTO queries (groupID, hash, name, transformationHash, transformationVersion, internal, got, patchVersion)
-			VALUES (?1, ?2, '', '', '', 0, ?3, ?4)
-			ON CONFLICT (groupID, hash) DO UPDATE SET got = excluded.got, patchVersion = excluded.patchVersion`,
+		return a.exec(gotSQL,
 			g.Hash, g.Got, g.PatchVersion)
 	case streams.CVROpDelQuery:
-		return a.exec(`DELETE FROM queries WHERE groupID = ?1 AND hash = ?2`, e.Query.Hash)
+		return a.exec(delQuerySQL, e.Query.Hash)
 	case streams.CVROpPutDesire:
 		d := e.Desire
 		var inact sql.NullFloat64
 		if d.InactivatedAtMs != nil {
 			inact = sql.NullFloat64{Float64: *d.InactivatedAtMs, Valid: true}
 		}
-		return a.exec(`INSERT OR REPLACE INTO desires (groupID, clientID, hash, ttlMs, inactivatedAtMs, cleared, patchVersion)
-			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)`, d.ClientID, d.Hash, d.TTLMs, inact, d.Cleared, d.PatchVersion)
+		return a.exec(putDesireSQL, d.ClientID, d.Hash, d.TTLMs, inact, d.Cleared, d.PatchVersion)
 	case streams.CVROpDelDesire:
-		return a.exec(`DELETE FROM desires WHERE groupID = ?1 AND clientID = ?2 AND hash = ?3`, e.Desire.ClientID, e.Desire.Hash)
+		return a.exec(delDesireSQL, e.Desire.ClientID, e.Desire.Hash)
 	case streams.CVROpPutRow:
 		return a.putRows([]streams.CVREvent{*e})
 	case streams.CVROpPutRows:
 		return a.putRowsShared(e.Rows)
 	case streams.CVROpDelRow:
-		return a.exec(`DELETE FROM rows WHERE groupID = ?1 AND tbl = ?2 AND key = ?3`, e.Row.Table, rawText(e.Row.Key))
+		return a.exec(delRowSQL, e.Row.Table, rawText(e.Row.Key))
 	}
 	return fmt.Errorf("%w: unknown cvr op %q", streams.ErrMalformed, e.Op)
 }

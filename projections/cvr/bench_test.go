@@ -1,6 +1,8 @@
 package cvr
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -29,6 +31,50 @@ func BenchmarkApply_Hydration(b *testing.B) {
 				Op: streams.CVROpPutRows, Rows: &streams.CVRRows{Table: "issue", Keys: keys, RowVersions: versions, PatchVersion: pv, Refs: refs},
 			}}}
 			mustApply(b, db, seq, m)
+		}
+	}
+}
+
+// BenchmarkApply_Advance applies what one replica advance publishes for
+// each of 200 groups (advance: the instance record, a got and two rows):
+// each group's message in a transaction of its own (tx=group) or all in
+// one (tx=all), its statements prepared per message (stmts=none) or once
+// (stmts=prepared).
+func BenchmarkApply_Advance(b *testing.B) {
+	const groups = 200
+	for _, prepared := range []bool{false, true} {
+		for _, oneTx := range []bool{false, true} {
+			name := fmt.Sprintf("stmts=%s/tx=%s", map[bool]string{false: "none", true: "prepared"}[prepared], map[bool]string{false: "group", true: "all"}[oneTx])
+			b.Run(name, func(b *testing.B) {
+				ctx := context.Background()
+				db := openDB(b)
+				var s *Stmts
+				if prepared {
+					s = prepare(b, db)
+				}
+				seq := uint64(0)
+				for b.Loop() {
+					seq++
+					var tx *sql.Tx
+					for g := range groups {
+						if tx == nil {
+							var err error
+							if tx, err = db.BeginTx(ctx, nil); err != nil {
+								b.Fatal(err)
+							}
+						}
+						if _, err := s.Apply(ctx, tx, seq, advance(fmt.Sprint("g", g), seq)); err != nil {
+							b.Fatal(err)
+						}
+						if !oneTx || g == groups-1 {
+							if err := tx.Commit(); err != nil {
+								b.Fatal(err)
+							}
+							tx = nil
+						}
+					}
+				}
+			})
 		}
 	}
 }

@@ -311,30 +311,7 @@ func (g *Group) publish(ctx context.Context, version string, events []streams.CV
 	// caller may change: events given to Publish are not to be modified.
 	prev := g.seq
 	g.seq = last
-	actx := context.WithoutCancel(ctx)
-	g.s.applies.start(g.id, func() {
-		err := g.s.applyTx(actx, func(tx *sql.Tx) error {
-			if hook := applyHook.Load(); hook != nil {
-				(*hook)(g.id)
-			}
-			for i, m := range applied {
-				if _, err := g.s.stmts.Apply(actx, tx, last-uint64(len(msgs)-1-i), m); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			// The stream has the update; only the local copy is behind,
-			// which the next Load repairs by replaying the stream.
-			g.s.log.Warn("cvr projection apply failed; the group must be reloaded", logkey.ClientGroup, g.id, logkey.Seq, last, "err", err)
-			g.applyMu.Lock()
-			if g.applyErr == nil {
-				g.applyErr = err
-			}
-			g.applyMu.Unlock()
-		}
-	})
+	g.s.applies.start(&applyJob{g: g, ctx: context.WithoutCancel(ctx), last: last, msgs: applied})
 	if snapshot {
 		g.since = len(msgs)
 		// Everything before the snapshot is now redundant.

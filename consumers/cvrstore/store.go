@@ -172,7 +172,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", cfg.File, err)
 	}
 	r.SetMaxOpenConns(4)
-	return &Store{
+	s := &Store{
 		cfg:       cfg,
 		log:       cfg.Logger.With(logkey.Stream, cfg.Shard.CVRStream()),
 		stream:    stream,
@@ -183,7 +183,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		leases:    map[string]*Lease{},
 		acquiring: map[string]int{},
 		purging:   map[string]bool{},
-	}, nil
+	}
+	s.applies.run = s.applyBatch
+	return s, nil
 }
 
 // Close closes the local projection. Leases are left to expire; Release

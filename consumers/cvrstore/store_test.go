@@ -611,3 +611,61 @@ func TestStore_ApplyPanicContained(t *testing.T) {
 		t.Errorf("victim reloaded at %q with %d rows; want v00001 from the stream", got.Instance.Version, len(got.Rows))
 	}
 }
+
+// TestStore_BatchedApplies queues many groups' updates behind a blocked
+// apply, so that they are applied in one transaction, one of them
+// panicking: the others are all applied, each group's updates in order,
+// and only the victim is broken until its next Load.
+func TestStore_BatchedApplies(t *testing.T) {
+	ns := natstest.Start(t)
+	release := make(chan struct{})
+	hook := func(group string) {
+		switch group {
+		case "gate":
+			<-release
+		case "victim":
+			panic("injected for the test")
+		}
+	}
+	applyHook.Store(&hook)
+	t.Cleanup(func() { applyHook.Store(nil) })
+	s := openStore(t, ns, "a", filepath.Join(t.TempDir(), "a.db"))
+	// Load reads the projection, which the gate's apply is to block.
+	gate := load(t, s, "gate")
+	groups := []*Group{load(t, s, "victim")}
+	for i := range 10 {
+		groups = append(groups, load(t, s, fmt.Sprint("g", i)))
+	}
+	publishN(t, gate, newHistory(9), 1, 1) // its apply waits for release
+	polltest.Until(t, 10*time.Second, "the gate's apply to start", func() bool { return s.applies.batches.Load() == 1 })
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		wg.Go(func() {
+			h := newHistory(uint64(i))
+			for range 3 {
+				if v, evs := h.next(5); g.Publish(testCtx(t), v, evs) != nil {
+					t.Errorf("%s: Publish(%s) failed", g.ID(), v)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(release)
+	for _, g := range groups[1:] {
+		if got := state(t, g); got.Instance.Version != "v00003" || got.Progress.Seq != g.Seq() {
+			t.Errorf("%s's state at %q, seq %d; want v00003 at seq %d", g.ID(), got.Instance.Version, got.Progress.Seq, g.Seq())
+		}
+	}
+	if _, err := groups[0].State(testCtx(t)); !errors.Is(err, ErrBroken) {
+		t.Fatalf("victim's State after a panicked apply = %v; want ErrBroken", err)
+	}
+	// The gate's transaction, then one for the 33 updates queued behind
+	// it; then the retry of each on its own, since one failed.
+	if n := s.applies.batches.Load(); n != 2 {
+		t.Errorf("%d batches of applies; want 2", n)
+	}
+	applyHook.Store(nil)
+	if got := state(t, load(t, s, "victim")); got.Instance.Version != "v00003" || len(got.Rows) == 0 {
+		t.Errorf("victim reloaded at %q with %d rows; want v00003 from the stream", got.Instance.Version, len(got.Rows))
+	}
+}

@@ -146,6 +146,9 @@ func (m *Mem) Flush(_ context.Context, c *CVR, _ *Update) error {
 	return nil
 }
 
+// Quiet is always true: memory has nothing to write.
+func (m *Mem) Quiet(*CVR) bool { return true }
+
 // Unload does nothing: memory has no owners.
 func (m *Mem) Unload(context.Context, *CVR) {}
 
@@ -250,6 +253,16 @@ func fromState(st *cvr.State) (*CVR, error) {
 		c.Rows[id] = &Row{Table: r.Table, Key: id[len(r.Table)+1:], RowVersion: r.RowVersion, Refs: r.Refs, PatchVersion: r.PatchVersion}
 	}
 	return c, nil
+}
+
+// Quiet reports whether a Flush of an update that changed nothing, with
+// the TTL clock run to now, would write nothing: the view-syncer then
+// moves an untouched group on without one.
+func (d *Durable) Quiet(c *CVR) bool {
+	w := c.written
+	return c.Version == w.Version && c.ReplicaVersion == w.ReplicaVersion && c.UserID == w.UserID &&
+		c.Clock()-w.TTLClockMs < clockPersistMs && c.dirty.clients == nil && c.dirty.desires == nil && c.dirty.queries == nil &&
+		(c.ClientSchema == nil || bytes.Equal(c.ClientSchema, c.schemaWritten))
 }
 
 // Flush makes the update durable; it returns before the pokeEnd that

@@ -8,6 +8,8 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -93,4 +95,81 @@ func BenchmarkHydrateIssues(b *testing.B) {
 	}
 	b.ReportMetric(float64(total.Milliseconds())/float64(i), "ms/hydration")
 	b.ReportMetric(float64(bytes)/float64(i)/(1<<20), "MiB/hydration")
+}
+
+// BenchmarkAdvanceQuiet times one commit, from the UPDATE upstream to the
+// pokeEnd that carries it, to a watcher advanced after many groups that
+// hold a query on the changed table but none of the changed rows (issue
+// 15's reconnect storm, after the storm): what the watcher waits for
+// while the advance visits them. VIEWSYNCER_BENCH_GROUPS sets their
+// number (default 300); VIEWSYNCER_BENCH_DURABLE=1 keeps the CVRs on
+// JetStream.
+func BenchmarkAdvanceQuiet(b *testing.B) {
+	groups := 300
+	if s := os.Getenv("VIEWSYNCER_BENCH_GROUPS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		groups = n
+	}
+	e := newEnv(b, envOptions{issues: 30, durable: os.Getenv("VIEWSYNCER_BENCH_DURABLE") != ""})
+	proto, err := encodeSecProtocol(secProtocol{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	open := func(group, query string) *websocket.Conn {
+		q := url.Values{"clientGroupID": {group}, "clientID": {"c"}, "ts": {"1"}, "lmid": {"0"}}
+		ws := dialWS(b, e, "/sync/v51/connect", q, proto)
+		readFrame(b, ws) // connected
+		if err := ws.WriteMessage(websocket.TextMessage, []byte(initFrame(testSchema, put("q", query, 0)))); err != nil {
+			b.Fatal(err)
+		}
+		for got := false; !got; {
+			tag, body := readFrame(b, ws)
+			got = tag == "pokePart" && strings.Contains(string(body), `"gotQueriesPatch":[{"op":"put"`)
+		}
+		for tag := ""; tag != "pokeEnd"; {
+			tag, _ = readFrame(b, ws)
+		}
+		return ws
+	}
+	// u000005 owns i0000004, i0000014 and i0000024; the watched row
+	// i0000001 is u000002's.
+	quiet := `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"owner_id"},"right":{"type":"literal","value":"u000005"},"op":"="},"orderBy":[["modified","desc"],["id","asc"]],"limit":20}`
+	for g := range groups {
+		defer open(fmt.Sprintf("quiet-%04d", g), quiet).Close()
+	}
+	// Groups are advanced in ID order: the watcher's comes last.
+	w := open("watcher", `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`)
+	defer w.Close()
+	var full atomic.Int64
+	hook := func(id string) {
+		if strings.HasPrefix(id, "quiet-") {
+			full.Add(1)
+		}
+	}
+	advanceHook.Store(&hook)
+	defer advanceHook.Store(nil)
+	var before, after syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+	i := 0
+	for b.Loop() {
+		i++
+		title := fmt.Sprintf("t%d", i)
+		e.execSQL("UPDATE issue SET title = '" + title + "' WHERE id = 'i0000001'")
+		for seen := false; ; {
+			tag, body := readFrame(b, w)
+			seen = seen || tag == "pokePart" && strings.Contains(string(body), `"`+title+`"`)
+			if seen && tag == "pokeEnd" {
+				break
+			}
+		}
+	}
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+	cpu := time.Duration(after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano())
+	// The process's CPU (the server, its replicator and NATS, and the
+	// clients) per commit: less noisy than the time on a shared machine.
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(i), "cpu-ms/op")
+	b.ReportMetric(float64(full.Load())/float64(i), "full-advances/op")
 }

@@ -15,6 +15,10 @@ import (
 //   - The advance does not wait for a busy group: it leaves the changes
 //     with the group (pendingAdvance), which applies them once free, from
 //     its own watermark, instead of re-hydrating.
+//   - A group whose queries the changes cannot touch (zql's Affects) is
+//     moved on in place, before the others take the snapshots: 1,000
+//     such groups cost a watcher of the changed rows a few milliseconds,
+//     not their turns through the advance (passQuiet).
 //   - A group whose last sync was slow may hold only one of
 //     slowReadConns connections of the groups' pool; the rest stay free
 //     for the other groups, and for new connections. The advance takes

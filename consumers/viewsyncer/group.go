@@ -242,7 +242,7 @@ func (g *group) syncLocked(ctx context.Context, snap *snapshot, changed *changeS
 			g.removePipeline(u, p)
 			continue
 		}
-		if !rebuilt && changed != nil && !intersects(p.tables, changed.tables) {
+		if !rebuilt && changed != nil && !p.affected(changed) {
 			p.pass(snap)
 			if !p.rehydrate {
 				continue

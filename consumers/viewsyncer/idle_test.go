@@ -3,6 +3,7 @@ package viewsyncer
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -159,4 +160,78 @@ func TestDurable_IdleAdvanceRestart(t *testing.T) {
 		t.Errorf("hydrations went from %v to %v after the reload; want its queries updated, not re-run", hydrations, got)
 	}
 	checkHistory(t, e, "quiet")
+}
+
+// TestServer_QuietPass checks that an advance moves a group none of whose
+// rows its changes can touch without the full advance (no snapshot, CVR
+// update or poke: advanceHook does not run for it), and that the group
+// still follows the rows that do concern it, incrementally: one moving
+// into its where, then one moving out.
+func TestServer_QuietPass(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Memory", true: "Durable"}[durable], func(t *testing.T) {
+			e := newEnv(t, envOptions{issues: 30, durable: durable})
+			// u000008 owns i0000007, i0000017 and i0000027.
+			byOwner := `{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"owner_id"},"right":{"type":"literal","value":"u000008"},"op":"="},"orderBy":[["id","asc"]]}`
+			quiet := connect(t, e, dialOpts{group: "quiet", client: "c1", init: initFrame(testSchema, put("o", byOwner, 0))})
+			qp := quiet.hydrated()
+			hot := connect(t, e, dialOpts{group: "hot", client: "c1", init: initFrame(testSchema, put("h", `{"table":"issue","orderBy":[["id","asc"]],"limit":3}`, 0))})
+			hp := hot.hydrated()
+			if countPrefix(qp, "row ") != 3 || countPrefix(hp, "row ") != 3 {
+				t.Fatalf("hydrations = %v and %v; want 3 rows each", qp.patches, hp.patches)
+			}
+			var mu sync.Mutex
+			advanced := map[string]int{}
+			hook := func(id string) {
+				mu.Lock()
+				defer mu.Unlock()
+				advanced[id]++
+			}
+			advanceHook.Store(&hook)
+			t.Cleanup(func() { advanceHook.Store(nil) })
+			m := e.srv.metrics
+			hydrations := counterValue(t, m.hydrations)
+			var written uint64
+			if durable {
+				written = cvrMessages(t, e, "quiet")
+			}
+
+			// Rows of the quiet group's table outside its where. Advances
+			// run one after another: once the hot group has the second
+			// one's poke, the first is done for every group.
+			e.execSQL("UPDATE issue SET title = 'one' WHERE id = 'i0000001'")
+			hp = nextPoke(t, hot, "one", hp.cookie, "one")
+			e.execSQL("UPDATE issue SET title = 'two' WHERE id = 'i0000002'")
+			hp = nextPoke(t, hot, "two", hp.cookie, "two")
+			mu.Lock()
+			if advanced["quiet"] != 0 || advanced["hot"] < 2 {
+				t.Errorf("full advances = %v; want the hot group's 2, none of the quiet group's", advanced)
+			}
+			mu.Unlock()
+			if durable {
+				if n := cvrMessages(t, e, "quiet") - written; n != 0 {
+					t.Errorf("the quiet group's CVR got %d messages; want none", n)
+				}
+			}
+
+			// A row moves in, then one moves out: pokes from the cookie
+			// the group was left at, its query updated, not re-run.
+			e.execSQL("UPDATE issue SET owner_id = 'u000008', title = 'joins' WHERE id = 'i0000001'")
+			qp = nextPoke(t, quiet, "joins", qp.cookie, "joins")
+			hp = nextPoke(t, hot, "joins", hp.cookie, "joins")
+			e.execSQL("UPDATE issue SET owner_id = 'u000001' WHERE id = 'i0000017'")
+			p := nextPoke(t, quiet, "leaves", qp.cookie, "i0000017")
+			if !strings.Contains(p.patches[0], `"op":"del"`) {
+				t.Errorf("i0000017's patch = %s; want a del", p.patches[0])
+			}
+			if got := counterValue(t, m.hydrations); got != hydrations {
+				t.Errorf("hydrations went from %v to %v; want the queries updated, not re-run", hydrations, got)
+			}
+			e.execSQL("UPDATE issue SET title = 'three' WHERE id = 'i0000003'")
+			nextPoke(t, hot, "three", hp.cookie, "three")
+			if durable {
+				checkHistory(t, e, "quiet")
+			}
+		})
+	}
 }

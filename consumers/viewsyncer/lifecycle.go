@@ -103,6 +103,87 @@ func (g *group) advance(ctx context.Context, snap *snapshot, changed *changeSet)
 	return err
 }
 
+// passQuiet moves g to snap with no snapshot, CVR update or flush when
+// no change in changed can touch its rows, and reports whether it did:
+// most groups an advance visits are such (issue 15's reconnect storm:
+// 1,000 groups each holding a query on the table a hot query's writes
+// change), and the full advance took each of them through the advance's
+// few snapshots in turn. It reports false, with nothing changed that
+// g.advance would not change alike, for a busy group (which g.advance
+// leaves the changes with) and for one that needs more than that: a query
+// to hydrate, expire or update, a client to poke, a record to write.
+func (g *group) passQuiet(snap *snapshot, changed *changeSet) bool {
+	if changed == nil || !g.mu.TryLock() {
+		return false
+	}
+	defer g.unlockAndCatchUp()
+	if !g.hasReady() || g.unloaded || snap.version <= g.pipelinesAt() {
+		return true // what g.advance would do: nothing
+	}
+	if g.broken || g.cold || g.hasPending() || g.pipelinesAt() != snap.from ||
+		g.cvr.ReplicaVersion != snap.replicaVersion || g.wouldPoke() || !g.s.store.Quiet(g.cvr) {
+		return false
+	}
+	now := g.ttlClock(time.Now())
+	for h, p := range g.pipelines {
+		if p.rehydrate || p.shared != nil && p.at != snap.from || !g.prepared(p, snap) ||
+			!p.internal && g.queryExpired(h, now) || p.affected(changed) {
+			return false
+		}
+	}
+	for h := range g.cvr.Queries {
+		if _, ok := g.pipelines[h]; !ok {
+			return false // one to hydrate, or to drop with its rows
+		}
+	}
+	for hash, table := range map[string]string{lmidsQuery: g.s.clientsTable, mutationsQuery: g.s.mutationsTable} {
+		if _, ok := g.pipelines[hash]; !ok {
+			if _, ok := snap.schema.tables[table]; ok {
+				return false // an internal query to add
+			}
+		}
+	}
+	for _, p := range g.pipelines {
+		p.pass(snap)
+	}
+	for _, p := range g.pipelines {
+		if p.rehydrate {
+			return false // it left its shared view: the full advance hydrates it
+		}
+	}
+	g.at = max(g.at, snap.version)
+	g.s.metrics.idleSyncs.Inc()
+	g.cc.SetRetransformReady(true)
+	return true
+}
+
+// prepared reports whether p runs the query g.prepare would compile for
+// snap, without compiling anything.
+func (g *group) prepared(p *pipeline, snap *snapshot) bool {
+	switch {
+	case p.query == nil || p.schema != snap.schema:
+		return false
+	case p.internal:
+		return true
+	case p.custom:
+		q := g.cvr.Queries[p.hash]
+		return q != nil && q.AST != nil && q.TransformationHash == p.transformed
+	}
+	return p.perms == snap.perms && p.authGen == g.authGen
+}
+
+// wouldPoke reports whether a sync that changed nothing would still poke
+// a client of g (one not told of the CVR's version yet).
+func (g *group) wouldPoke() bool {
+	v := g.cvr.Version
+	for _, c := range g.conns {
+		if c.ready && !(c.hasBase && (c.base > v || c.base == v && c.everPoked)) {
+			return true
+		}
+	}
+	return false
+}
+
 // transformPending transforms the synced queries that are still waiting
 // for their AST, then syncs the group so that they hydrate. A config change
 // transforms only when there is a snapshot to sync at, so the queries of

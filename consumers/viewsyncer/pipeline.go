@@ -290,6 +290,12 @@ func rowID(r zql.RowValue) (id, key string, err error) {
 	return id, id[len(r.Table())+1:], nil
 }
 
+// affected reports whether changed may change p's rows: it reads a
+// changed table, and the changed rows may matter to it (zql's Affects).
+func (p *pipeline) affected(changed *changeSet) bool {
+	return intersects(p.tables, changed.tables) && p.query.Affects(changed.rows)
+}
+
 func intersects(a, b map[string]bool) bool {
 	for t := range b {
 		if a[t] {

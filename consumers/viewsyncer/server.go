@@ -241,6 +241,9 @@ type cvrStore interface {
 	// Flush makes the update durable; it returns before the pokeEnd that
 	// carries its cookie goes out.
 	Flush(ctx context.Context, c *cvrstore.CVR, u *cvrstore.Update) error
+	// Quiet reports whether a Flush of an update that changed nothing
+	// would write nothing.
+	Quiet(c *cvrstore.CVR) bool
 	// Unload gives up a group no longer in memory: its ownership goes
 	// back, so that a peer may serve it.
 	Unload(ctx context.Context, c *cvrstore.CVR)
@@ -490,7 +493,9 @@ func traceAdvance(ctx context.Context, u replicator.Update) (context.Context, tr
 // each; a group lends its snapshot on (snapshot.yield) once its update is
 // built, and waits for its CVR flush without one, so that the flushes of
 // many groups wait together and share one publish (cvrstore's committer)
-// rather than taking turns. It closes snap.
+// rather than taking turns. A group none of whose rows the changes can
+// touch is moved on first, in place, without a snapshot (passQuiet). It
+// closes snap.
 func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *changeSet) {
 	groups := s.groupList()
 	// Slow groups last: the others are not left waiting for a worker.
@@ -514,6 +519,9 @@ func (s *Server) advanceGroups(ctx context.Context, snap *snapshot, changed *cha
 	running := make(chan struct{}, maxAdvancing)
 	var wg sync.WaitGroup
 	for _, g := range groups {
+		if g.passQuietContained(snap, changed) {
+			continue
+		}
 		select {
 		case running <- struct{}{}:
 		case <-ctx.Done():
@@ -608,6 +616,14 @@ func (g *group) advanceContained(ctx context.Context, sn *snapshot, changed *cha
 	if err := g.advance(ctx, sn, changed); err != nil && ctx.Err() == nil {
 		g.log.Error("advance group", "err", err)
 	}
+}
+
+// passQuietContained is g.passQuiet, a panic in it failing g alone (and
+// ending its advance).
+func (g *group) passQuietContained(snap *snapshot, changed *changeSet) (passed bool) {
+	defer g.contain("advance")
+	passed = true
+	return g.passQuiet(snap, changed)
 }
 
 // maintainGroup runs evictLoop's work for g, a panic in it failing g alone.

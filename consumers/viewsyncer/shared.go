@@ -146,8 +146,8 @@ func (g *group) sharedUpdate(ctx context.Context, snap *snapshot, p *pipeline, c
 // and its shared view with it; a pipeline that cannot stay in step leaves
 // it, to re-hydrate at its next sync.
 func (p *pipeline) pass(snap *snapshot) {
-	if snap.from == snap.version {
-		return // a sync with no changes to take
+	if snap.from == snap.version || p.at == snap.version {
+		return // a sync with no changes to take, or passed already (passQuiet)
 	}
 	sv := p.shared
 	if p.at != snap.from {

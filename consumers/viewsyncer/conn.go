@@ -341,6 +341,9 @@ func (c *conn) handle(ctx context.Context, u *upstream) bool {
 	}
 	c.handling.Store(true)
 	defer c.handling.Store(false)
+	// A message may change what the group's maintenance has to do
+	// (queries' TTLs, transforms, auth).
+	defer c.g.wakeMaintenance()
 	var err error
 	switch u.Tag {
 	case tagPing:

@@ -72,6 +72,12 @@ type group struct {
 	// (Server.evictLoop), which starts no other one meanwhile; losing once
 	// the loss of its lease is being handled, which waits for no round.
 	maintaining, losing atomic.Bool
+	// maintAt is when the group's next maintenance round is due (Unix
+	// ns; 0: at the next tick). A round sets it from what it found, and
+	// anything that may bring work sooner (a message, a connection
+	// leaving) resets it, so that evictLoop visits only the groups with
+	// something to do rather than every group at every tick.
+	maintAt atomic.Int64
 	// pusher forwards custom mutations, one request at a time; nil until
 	// the first push. stopPush ends it.
 	pusher   *appapi.Pusher

@@ -167,6 +167,7 @@ func (g *group) detach(c *conn) {
 		g.idleSince = now
 		g.dropViews()
 	}
+	g.wakeMaintenance()
 }
 
 // dropViews turns an idle group cold: it keeps its CVR but not its

@@ -293,6 +293,48 @@ func (g *group) hasReady() bool {
 	return false
 }
 
+// scheduleMaintenance sets when g's next maintenance round is due, from
+// what the round just found: the next query to expire, the idle unload,
+// the next prune, a transform still waiting (due at once), and at the
+// latest maintenanceEvery from now.
+func (g *group) scheduleMaintenance(now time.Time) {
+	due := now.Add(maintenanceEvery)
+	unlock := g.lock()
+	if !g.unloaded && g.cvr != nil {
+		if len(g.conns) == 0 {
+			due = earliest(due, g.idleSince.Add(g.s.cfg.GroupIdle))
+		}
+		// The TTL clock runs no faster than the wall's.
+		clock := g.ttlClock(now)
+		if next, ok := g.nextEviction(clock); ok {
+			due = earliest(due, now.Add(time.Duration((next-clock)*float64(time.Millisecond))))
+		}
+		if g.hasPendingTransform() {
+			due = now
+		}
+	}
+	unlock()
+	if p := g.pruneDue.Load(); p != 0 {
+		due = earliest(due, time.Unix(0, p))
+	}
+	for {
+		cur := g.maintAt.Load()
+		if due.UnixNano() >= cur || g.maintAt.CompareAndSwap(cur, due.UnixNano()) {
+			return
+		}
+	}
+}
+
+// wakeMaintenance makes g's maintenance due at the next tick.
+func (g *group) wakeMaintenance() { g.maintAt.Store(0) }
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // evict removes the queries whose TTL ran out.
 func (g *group) evict(ctx context.Context, now time.Time) error {
 	unlock := g.lock()
@@ -469,6 +511,10 @@ func internalPanicError(where string) *protocolError {
 // advanceHook, when a test sets it, runs in each group's advance, under
 // its lock: a way to make one group panic.
 var advanceHook atomic.Pointer[func(id string)]
+
+// maintenanceHook, when a test sets it, runs at the start of each group's
+// maintenance round.
+var maintenanceHook atomic.Pointer[func(id string)]
 
 // panicHook, when a test sets it, runs where a goroutine outside the HTTP
 // handler works for a group (the connection's writer, the pusher, a

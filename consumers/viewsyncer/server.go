@@ -63,8 +63,12 @@ const (
 	DefaultGroupIdle = 5 * time.Second
 )
 
-// evictInterval is how often Run looks for queries whose TTL ran out.
-const evictInterval = 50 * time.Millisecond
+// evictInterval is how often Run looks for groups whose maintenance is
+// due; maintenanceEvery is the longest a group goes without a round.
+const (
+	evictInterval    = 50 * time.Millisecond
+	maintenanceEvery = time.Second
+)
 
 // ReplicaFeed is what the server needs of the consumer that keeps
 // ReplicaFile (a *replicator.Consumer): where the replica stands, and a
@@ -562,7 +566,8 @@ const maxAdvancing = 512
 // lost and unloads idle groups, until ctx ends. Each group's round runs on
 // a goroutine of its own, and a group whose last round has not ended is
 // skipped: a group waiting on the API server or on its lock delays no
-// other group's maintenance. A lost lease is handled at once, even while
+// other group's maintenance. A group whose round is not due
+// (group.maintAt) is skipped too. A lost lease is handled at once, even while
 // the group's round waits on the API server.
 func (s *Server) evictLoop(ctx context.Context) {
 	t := time.NewTicker(evictInterval)
@@ -584,6 +589,9 @@ func (s *Server) evictLoop(ctx context.Context) {
 							s.leaseLost(g)
 						})
 					}
+					continue
+				}
+				if now.UnixNano() < g.maintAt.Load() && len(g.maint) == 0 {
 					continue
 				}
 				if !g.maintaining.CompareAndSwap(false, true) {
@@ -629,6 +637,12 @@ func (g *group) passQuietContained(snap *snapshot, changed *changeSet) (passed b
 // maintainGroup runs evictLoop's work for g, a panic in it failing g alone.
 func (s *Server) maintainGroup(ctx context.Context, g *group, now time.Time) {
 	defer g.contain("maintenance")
+	// Provisional: a wake while the round runs resets it, and the
+	// schedule at the end only brings it forward.
+	g.maintAt.Store(now.Add(maintenanceEvery).UnixNano())
+	if hook := maintenanceHook.Load(); hook != nil {
+		(*hook)(g.id)
+	}
 	if g.maintenanceDue() {
 		g.maintain(ctx)
 	}
@@ -642,6 +656,7 @@ func (s *Server) maintainGroup(ctx context.Context, g *group, now time.Time) {
 		g.log.Error("evict", "err", err)
 	}
 	g.prune(now)
+	g.scheduleMaintenance(now)
 }
 
 // leaseGone reports whether the store lost g's ownership.

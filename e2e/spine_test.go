@@ -25,6 +25,7 @@ import (
 	"github.com/jetsync/jetsync/internal/polltest"
 	"github.com/jetsync/jetsync/nats-config/natstest"
 	"github.com/jetsync/jetsync/producers/pgrepl"
+	"github.com/jetsync/jetsync/projections/replica"
 	"github.com/jetsync/jetsync/streams"
 )
 
@@ -151,6 +152,17 @@ func (s *spine) waitCaughtUp(timeout time.Duration) {
 		s.t.Fatal(err)
 	}
 	polltest.Until(s.t, timeout, "the replica to catch up", s.hasMarkerRows)
+	// The file shows a commit before the replicator has published it to
+	// its subscriptions: a subscription taken now must not report it.
+	db := s.openReplica()
+	defer db.Close()
+	st, err := replica.LoadState(context.Background(), db)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	polltest.Until(s.t, timeout, "the replica's last commit to be published", func() bool {
+		return s.rep.State().Watermark >= st.Watermark
+	})
 }
 
 func (s *spine) hasMarkerRows() bool {

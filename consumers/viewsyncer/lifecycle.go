@@ -136,9 +136,10 @@ func (g *group) passQuiet(snap *snapshot, changed *changeSet) bool {
 			return false // one to hydrate, or to drop with its rows
 		}
 	}
-	for hash, table := range map[string]string{lmidsQuery: g.s.clientsTable, mutationsQuery: g.s.mutationsTable} {
-		if _, ok := g.pipelines[hash]; !ok {
-			if _, ok := snap.schema.tables[table]; ok {
+	// An array, not a map: this runs for every quiet group at every commit.
+	for _, iq := range [...]struct{ hash, table string }{{lmidsQuery, g.s.clientsTable}, {mutationsQuery, g.s.mutationsTable}} {
+		if _, ok := g.pipelines[iq.hash]; !ok {
+			if _, ok := snap.schema.tables[iq.table]; ok {
 				return false // an internal query to add
 			}
 		}

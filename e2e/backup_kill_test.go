@@ -149,7 +149,11 @@ func killWhen(t *testing.T, p *proc, timeout time.Duration, what string, cond fu
 // matches its digest, so a killed upload left no visible partial object.
 func (c *crashRig) checkSnapshotsComplete() int {
 	c.t.Helper()
-	ctx := context.Background()
+	// Without a deadline, each read of the object store waits only 5 s
+	// for the next chunk, which a loaded machine can exceed while the
+	// ordered consumer recovers from a dropped message.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	os, err := c.js.ObjectStore(ctx, c.shard.SnapshotBucket())
 	if err != nil {
 		c.t.Fatal(err)

@@ -592,6 +592,7 @@ func (c *Consumer) commit(ctx context.Context) error {
 	c.metrics.observeLag(time.Now(), o.commitTimes)
 	c.publish(p.st, o)
 	c.commitMu.Unlock()
+	p.keepStatements(ctx)
 	c.noteWatermark(p.st.Watermark)
 	if o.initialSync {
 		// The copy and its index builds leave the writer's page cache full,

@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -444,4 +446,41 @@ func TestConsumer_InitialSyncLeavesNoCache(t *testing.T) {
 		}
 		return int64(used) < fi.Size()/4
 	})
+}
+
+// TestConsumer_KeepsStatementsAfterPublish checks that a commit's new
+// statements are prepared for the next transactions only once the commit
+// is published: preparing them takes a while after DDL, and must not delay
+// the subscribers.
+func TestConsumer_KeepsStatementsAfterPublish(t *testing.T) {
+	e := newEnv(t)
+	e.initialSync(10)
+	var mu sync.Mutex
+	var kept, early []uint64
+	var r *running
+	started := make(chan struct{})
+	defer replicator.SetKeepHook(func(seq uint64) {
+		<-started
+		mu.Lock()
+		defer mu.Unlock()
+		kept = append(kept, seq)
+		if got := r.c.State().StreamSeq; got < seq {
+			early = append(early, seq)
+		}
+	})()
+	r = e.start(e.config(tempFile(t)))
+	close(started)
+	last := e.tx(upd(nil, issue("i1", "one", 1)))
+	for i := range 5 {
+		last = e.tx(ins(issue(fmt.Sprintf("n%d", i), "new", i)))
+	}
+	polltest.Until(t, 10*time.Second, "the last transaction applied", func() bool { return r.c.State().StreamSeq >= last })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(kept) == 0 {
+		t.Fatal("no commit kept its statements")
+	}
+	if len(early) > 0 {
+		t.Errorf("statements of seqs %v were kept before their commit was published", early)
+	}
 }

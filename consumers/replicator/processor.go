@@ -271,7 +271,7 @@ func (p *processor) commit(ctx context.Context, now time.Time) (outcome, error) 
 		p.rollback()
 		return outcome{}, err
 	}
-	if err := p.applier.Commit(ctx, p.tx); err != nil {
+	if err := p.applier.Commit(p.tx); err != nil {
 		p.rollback()
 		return outcome{}, fmt.Errorf("commit: %w", err)
 	}
@@ -284,6 +284,20 @@ func (p *processor) commit(ctx context.Context, now time.Time) (outcome, error) 
 	p.resetCounts()
 	return o, nil
 }
+
+// keepStatements keeps the statements the last commit's transaction
+// prepared for itself, for the transactions after it: a step of its own,
+// so that the consumer takes it once its subscribers have the commit.
+func (p *processor) keepStatements(ctx context.Context) {
+	if testKeepHook != nil {
+		testKeepHook(p.st.StreamSeq)
+	}
+	p.applier.KeepStatements(ctx)
+}
+
+// testKeepHook, when set by a test, is called with the committed sequence
+// as its statements are kept.
+var testKeepHook func(seq uint64)
 
 // rollback drops everything since the last commit.
 func (p *processor) rollback() {

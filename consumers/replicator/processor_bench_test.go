@@ -71,6 +71,7 @@ func BenchmarkProcessorTx(b *testing.B) {
 				if _, err := p.commit(ctx, time.Now()); err != nil {
 					b.Fatal(err)
 				}
+				p.keepStatements(ctx)
 			}
 			v := streams.Lexi(lsn)
 			spec := benchSpec

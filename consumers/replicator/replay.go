@@ -133,6 +133,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg ReplayConfig) (repl
 				if _, err := p.commit(sctx, time.Now()); err != nil {
 					return p.st, err
 				}
+				p.keepStatements(sctx)
 			}
 		}
 		if seq >= to {

@@ -33,6 +33,7 @@ func (e *procEnv) commit() {
 	if _, err := e.p.commit(context.Background(), time.Now()); err != nil {
 		e.t.Fatal(err)
 	}
+	e.p.keepStatements(context.Background())
 }
 
 // initialSync handles, without committing, a reset and a table item whose

@@ -85,18 +85,25 @@ func (a *Applier) Discard() {
 	a.tx = nil
 }
 
-// Commit commits tx, and keeps the statements it prepared for the
-// transactions after it.
-func (a *Applier) Commit(ctx context.Context, tx *sql.Tx) error {
+// Commit commits tx. KeepStatements then keeps the statements it prepared
+// for the transactions after it.
+func (a *Applier) Commit(tx *sql.Tx) error {
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	a.stmts.commit(ctx, tx)
+	a.stmts.commit(tx)
 	if a.tx == tx {
 		a.tx = nil
 	}
 	return nil
 }
+
+// KeepStatements keeps, for the transactions to come, the statements the
+// last committed transaction prepared for itself. The caller calls it
+// once the commit's news is out, since preparing takes a while after DDL
+// or a new shape of multi-row insert; a transaction begun before it
+// prepares them for itself again.
+func (a *Applier) KeepStatements(ctx context.Context) { a.stmts.keep(ctx) }
 
 // Exec runs query in tx as a prepared statement, kept as the Applier's
 // own are: for the statements a caller runs in every transaction, such as

@@ -163,7 +163,7 @@ func run(t *testing.T, steps []string, collect bool) string {
 			if err := a.Flush(ctx, tx); err != nil {
 				t.Fatalf("Flush: %v", err)
 			}
-			if err := a.Commit(ctx, tx); err != nil {
+			if err := a.Commit(tx); err != nil {
 				t.Fatal(err)
 			}
 			tx = nil

@@ -96,9 +96,10 @@ func BenchmarkApplyBackfill(b *testing.B) {
 		if err := a.Flush(ctx, tx); err != nil {
 			b.Fatal(err)
 		}
-		if err := a.Commit(ctx, tx); err != nil {
+		if err := a.Commit(tx); err != nil {
 			b.Fatal(err)
 		}
+		a.KeepStatements(ctx)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*rows), "ns/row")
 }
@@ -128,9 +129,10 @@ func BenchmarkApplyBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := a.Commit(ctx, tx); err != nil {
+			if err := a.Commit(tx); err != nil {
 				b.Fatal(err)
 			}
+			a.KeepStatements(ctx)
 			if collect {
 				a.Collector = discard{}
 			}
@@ -168,9 +170,10 @@ func BenchmarkApplyBatch(b *testing.B) {
 				if err := replica.SaveProgress(ctx, tx, replica.State{Watermark: streams.Lexi(lsn), StreamSeq: lsn}); err != nil {
 					b.Fatal(err)
 				}
-				if err := a.Commit(ctx, tx); err != nil {
+				if err := a.Commit(tx); err != nil {
 					b.Fatal(err)
 				}
+				a.KeepStatements(ctx)
 			}
 		})
 	}
@@ -208,9 +211,10 @@ func BenchmarkApplyOps(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := a.Commit(ctx, tx); err != nil {
+			if err := a.Commit(tx); err != nil {
 				b.Fatal(err)
 			}
+			a.KeepStatements(ctx)
 			lsn := uint64(1000)
 			// apply applies changes in one transaction, one part each.
 			apply := func(changes []streams.Change, collect bool) {
@@ -229,9 +233,10 @@ func BenchmarkApplyOps(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if err := a.Commit(ctx, tx); err != nil {
+				if err := a.Commit(tx); err != nil {
 					b.Fatal(err)
 				}
+				a.KeepStatements(ctx)
 			}
 			changes := make([]streams.Change, size)
 			undo := make([]streams.Change, size)
@@ -298,9 +303,10 @@ func BenchmarkApplyTx(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := a.Commit(ctx, tx); err != nil {
+			if err := a.Commit(tx); err != nil {
 				b.Fatal(err)
 			}
+			a.KeepStatements(ctx)
 			if collect {
 				a.Collector = discard{}
 			}
@@ -331,9 +337,10 @@ func BenchmarkApplyTx(b *testing.B) {
 				if err := replica.SaveProgress(ctx, tx, replica.State{Watermark: p.Watermark, StreamSeq: lsn}); err != nil {
 					b.Fatal(err)
 				}
-				if err := a.Commit(ctx, tx); err != nil {
+				if err := a.Commit(tx); err != nil {
 					b.Fatal(err)
 				}
+				a.KeepStatements(ctx)
 			}
 			b.ReportMetric(float64(b.N*txRows)/b.Elapsed().Seconds(), "rows/s")
 		})

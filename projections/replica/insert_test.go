@@ -61,7 +61,7 @@ func newThingReplica(t *testing.T) (*sql.DB, *replica.Applier) {
 			t.Fatal(err)
 		}
 	}
-	if err := a.Commit(ctx, tx); err != nil {
+	if err := a.Commit(tx); err != nil {
 		t.Fatal(err)
 	}
 	return db, a
@@ -77,7 +77,7 @@ func applyPart(t *testing.T, db *sql.DB, a *replica.Applier, p *streams.Part) {
 	if err := a.Apply(ctx, tx, "public", "thing", p); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Commit(ctx, tx); err != nil {
+	if err := a.Commit(tx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -174,7 +174,7 @@ func applyImages(t *testing.T, changes []streams.Change) ([]replica.RowChange, i
 		if err := a.Apply(ctx, tx, "public", "thing", &p); err != nil {
 			t.Fatalf("change %d: %v", i, err)
 		}
-		if err := a.Commit(ctx, tx); err != nil {
+		if err := a.Commit(tx); err != nil {
 			t.Fatal(err)
 		}
 		// A new row reported is the row as the replica holds it.

@@ -18,8 +18,10 @@ const DefaultStmtCacheSize = 256
 // A statement kept across transactions must be prepared on the *sql.DB,
 // and the replica's pool has one connection, which the transaction holds.
 // So a statement is first prepared for its transaction alone, and once that
-// transaction has committed (commit), again on the database, where
-// tx.StmtContext finds it on the connection from then on. A schema change
+// transaction has committed, again on the database (keep), where
+// tx.StmtContext finds it on the connection from then on. keep is a call of
+// its own so that the replicator prepares after it has told its
+// subscribers of the commit, not on their path. A schema change
 // or a rollback drops them all (invalidate): the SQL of each table's
 // statements is made from its spec, so a statement is only ever reused
 // against the schema it was prepared for.
@@ -53,8 +55,8 @@ func newStmtCache(db *sql.DB, size int) *stmtCache {
 }
 
 // use binds the cache to tx. Statements bound to an earlier transaction
-// died with it, and those it prepared for itself are lost unless commit
-// was called.
+// died with it, and those it prepared for itself are lost unless keep was
+// called.
 func (c *stmtCache) use(tx *sql.Tx) {
 	if tx == c.tx {
 		return
@@ -96,18 +98,25 @@ func (c *stmtCache) stmt(ctx context.Context, tx *sql.Tx, query string, keep boo
 	return s, nil
 }
 
-// commit keeps the statements that tx, now committed, prepared for
-// itself, preparing them again on the database. Failing to is not an
-// error: the next transaction prepares them for itself.
-func (c *stmtCache) commit(ctx context.Context, tx *sql.Tx) {
+// commit ends tx, now committed. The statements it prepared for itself
+// stay listed in fresh until keep prepares them on the database, or the
+// next transaction forgets them.
+func (c *stmtCache) commit(tx *sql.Tx) {
 	if tx != c.tx {
 		return
 	}
 	c.closeTx()
 	c.tx = nil
+}
+
+// keep prepares on the database the statements the last committed
+// transaction prepared for itself, so that the next ones reuse them.
+// Failing to is not an error: the next transaction prepares them for
+// itself.
+func (c *stmtCache) keep(ctx context.Context) {
 	fresh := c.fresh
 	c.fresh = c.fresh[:0]
-	if c.db == nil || len(fresh) == 0 {
+	if c.tx != nil || c.db == nil || len(fresh) == 0 {
 		return
 	}
 	// The pool's one connection is free now, unless a caller outside the

@@ -115,9 +115,10 @@ func TestApplier_StmtCache(t *testing.T) {
 				if err := a.Flush(ctx, tx); err != nil {
 					t.Fatal(err)
 				}
-				if err := a.Commit(ctx, tx); err != nil {
+				if err := a.Commit(tx); err != nil {
 					t.Fatal(err)
 				}
+				a.KeepStatements(ctx)
 			}
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
@@ -185,17 +186,19 @@ func TestApplier_StmtCache(t *testing.T) {
 		if err := a.Flush(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
-		if err := a.Commit(ctx, tx); err != nil {
+		if err := a.Commit(tx); err != nil {
 			t.Fatal(err)
 		}
+		a.KeepStatements(ctx)
 		upd := streams.Part{Watermark: "0b", Num: 0, Last: true, Changes: []streams.Change{{Op: streams.OpUpdate, New: rowOf(itemRow(1))}}}
 		tx, _ = db.BeginTx(ctx, nil)
 		if err := a.Apply(ctx, tx, "public", "item", &upd); err != nil {
 			t.Fatal(err)
 		}
-		if err := a.Commit(ctx, tx); err != nil {
+		if err := a.Commit(tx); err != nil {
 			t.Fatal(err)
 		}
+		a.KeepStatements(ctx)
 		if a.KeptStatements() == 0 {
 			t.Fatal("no statement kept after a committed transaction")
 		}

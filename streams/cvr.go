@@ -137,7 +137,28 @@ func EnsureCVR(ctx context.Context, js jetstream.JetStream, c Config) (jetstream
 	if err != nil {
 		return nil, nil, fmt.Errorf("ensure bucket %s: %w", c.Shard.OwnersBucket(), err)
 	}
+	if err := allowAtomic(ctx, js, "KV_"+c.Shard.OwnersBucket()); err != nil {
+		return nil, nil, fmt.Errorf("ensure bucket %s: %w", c.Shard.OwnersBucket(), err)
+	}
 	return s, kv, nil
+}
+
+// allowAtomic lets the named stream take atomic batches: a view-syncer
+// renews its leases in one. KeyValueConfig cannot say so, and updating the
+// bucket clears it for a moment; a batch refused meanwhile is published
+// one record at a time, so only the batching is lost.
+func allowAtomic(ctx context.Context, js jetstream.JetStream, name string) error {
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return err
+	}
+	cfg := s.CachedInfo().Config
+	if cfg.AllowAtomicPublish {
+		return nil
+	}
+	cfg.AllowAtomicPublish = true
+	_, err = js.UpdateStream(ctx, cfg)
+	return err
 }
 
 // CVRHeaderDeleted marks a garbage collector's tombstone: the group's

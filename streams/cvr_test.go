@@ -213,6 +213,29 @@ func TestEnsureCVR(t *testing.T) {
 	if kv.Bucket() != "jetsync_zero_0_owners" {
 		t.Errorf("bucket = %q", kv.Bucket())
 	}
+	// The owners bucket takes atomic batches, even one that was made
+	// without them.
+	kvInfo := func() jetstream.StreamConfig {
+		ks, err := js.Stream(ctx, "KV_"+kv.Bucket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ks.CachedInfo().Config
+	}
+	if !kvInfo().AllowAtomicPublish {
+		t.Error("owners bucket refuses atomic batches")
+	}
+	old := kvInfo()
+	old.AllowAtomicPublish = false
+	if _, err := js.UpdateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := EnsureCVR(ctx, js, cfg); err != nil {
+		t.Fatalf("EnsureCVR on the old bucket: %v", err)
+	}
+	if !kvInfo().AllowAtomicPublish {
+		t.Error("an existing owners bucket still refuses atomic batches")
+	}
 	if _, err := kv.Create(ctx, OwnerKey("a.b c"), []byte(`{}`)); err != nil {
 		t.Errorf("create escaped key: %v", err)
 	}

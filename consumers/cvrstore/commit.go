@@ -31,16 +31,20 @@ import (
 // Durability is unchanged: Publish returns only after the PubAck of the
 // batch that holds its messages, so a pokeEnd never carries a cookie the
 // stream lacks.
+//
+// The owners bucket is fsynced alike, and its lease records are written the
+// same way (Store.owners): a record's expected last subject sequence is
+// the revision a KV update expects.
 
 // maxCommitMessages bounds an atomic batch: JetStream refuses batches
 // over 1,000 messages by default.
 const maxCommitMessages = 1000
 
-// commitTimeout bounds one batch's round trip; the callers' contexts do
-// not, since a batch carries other groups' updates too.
+// commitTimeout bounds one batch's round trip of CVR updates; the callers'
+// contexts do not, since a batch carries other groups' updates too.
 const commitTimeout = 10 * time.Second
 
-// commitReq is one group's update waiting to be published.
+// commitReq is one update of one subject waiting to be published.
 type commitReq struct {
 	subject string
 	msgs    [][]byte
@@ -48,18 +52,27 @@ type commitReq struct {
 	// last is the sequence of the update's last message, once stored.
 	last uint64
 	err  error
-	// wake is closed when the request is done, or when its caller is to
-	// lead the next batch (lead).
+}
+
+// commitJob is one caller's requests in the queue.
+type commitJob struct {
+	reqs []*commitReq
+	// wake is closed when the job is done, or when its caller is to lead
+	// the next batch (lead).
 	wake chan struct{}
 	lead bool
 }
 
-// committer gathers concurrent publishes into batches: the first caller
-// to find none in flight leads, publishing everything queued; callers that
-// come meanwhile queue, and the first of them leads the next batch.
+// committer gathers concurrent publishes to one stream into batches: the
+// first caller to find none in flight leads, publishing everything queued;
+// callers that come meanwhile queue, and the first of them leads the next
+// batch.
 type committer struct {
+	js      jetstream.JetStream
+	timeout time.Duration
+
 	mu    sync.Mutex
-	queue []*commitReq
+	queue []*commitJob
 	busy  bool
 	// trips counts publish round trips, for tests.
 	trips atomic.Int64
@@ -69,17 +82,27 @@ type committer struct {
 // the subject's last sequence, with whatever else is queued, and returns
 // the sequence of the last message.
 func (s *Store) commit(ctx context.Context, subject string, msgs [][]byte, prev uint64) (uint64, error) {
-	r := &commitReq{subject: subject, msgs: msgs, prev: prev, wake: make(chan struct{})}
-	q := &s.commits
+	r := &commitReq{subject: subject, msgs: msgs, prev: prev}
+	s.commits.run(ctx, []*commitReq{r})
+	return r.last, r.err
+}
+
+// run publishes reqs with whatever else is queued, and sets each one's
+// outcome.
+func (q *committer) run(ctx context.Context, reqs []*commitReq) {
+	if len(reqs) == 0 {
+		return
+	}
+	j := &commitJob{reqs: reqs, wake: make(chan struct{})}
 	q.mu.Lock()
-	q.queue = append(q.queue, r)
+	q.queue = append(q.queue, j)
 	lead := !q.busy
 	q.busy = true
 	q.mu.Unlock()
 	if !lead {
-		<-r.wake
-		if !r.lead {
-			return r.last, r.err
+		<-j.wake
+		if !j.lead {
+			return
 		}
 	}
 	q.mu.Lock()
@@ -87,8 +110,12 @@ func (s *Store) commit(ctx context.Context, subject string, msgs [][]byte, prev 
 	q.queue = nil
 	q.mu.Unlock()
 
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
-	s.publishAll(cctx, batch)
+	var all []*commitReq
+	for _, b := range batch {
+		all = append(all, b.reqs...)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.timeout)
+	q.publishAll(cctx, all)
 	cancel()
 
 	q.mu.Lock()
@@ -101,33 +128,32 @@ func (s *Store) commit(ctx context.Context, subject string, msgs [][]byte, prev 
 	}
 	q.mu.Unlock()
 	for _, b := range batch {
-		if b != r {
+		if b != j {
 			close(b.wake)
 		}
 	}
-	return r.last, r.err
 }
 
 // publishAll publishes the requests, as few atomic batches as fit, and
 // sets each one's outcome.
-func (s *Store) publishAll(ctx context.Context, reqs []*commitReq) {
+func (q *committer) publishAll(ctx context.Context, reqs []*commitReq) {
 	for len(reqs) > 0 {
 		n, size := 0, 0
 		for n < len(reqs) && (n == 0 || size+len(reqs[n].msgs) <= maxCommitMessages) {
 			size += len(reqs[n].msgs)
 			n++
 		}
-		s.publishChunk(ctx, reqs[:n])
+		q.publishChunk(ctx, reqs[:n])
 		reqs = reqs[n:]
 	}
 }
 
-func (s *Store) publishChunk(ctx context.Context, reqs []*commitReq) {
+func (q *committer) publishChunk(ctx context.Context, reqs []*commitReq) {
 	if len(reqs) == 1 {
-		s.publishOne(ctx, reqs[0])
+		q.publishOne(ctx, reqs[0])
 		return
 	}
-	last, err := s.publishBatch(ctx, reqs)
+	last, err := q.publishBatch(ctx, reqs)
 	var apiErr *jetstream.APIError
 	switch {
 	case err == nil:
@@ -139,9 +165,9 @@ func (s *Store) publishChunk(ctx context.Context, reqs []*commitReq) {
 		}
 	case errors.As(err, &apiErr):
 		// JetStream refused the whole batch, so none of it is stored:
-		// one group at a time, only the one at fault fails.
+		// one request at a time, only the one at fault fails.
 		for _, r := range reqs {
-			s.publishOne(ctx, r)
+			q.publishOne(ctx, r)
 		}
 	default:
 		// Whether the batch was stored is unknown.
@@ -151,14 +177,14 @@ func (s *Store) publishChunk(ctx context.Context, reqs []*commitReq) {
 	}
 }
 
-// publishOne publishes one group's update on its own.
-func (s *Store) publishOne(ctx context.Context, r *commitReq) {
+// publishOne publishes one request on its own.
+func (q *committer) publishOne(ctx context.Context, r *commitReq) {
 	if len(r.msgs) > 1 {
-		r.last, r.err = s.publishBatch(ctx, []*commitReq{r})
+		r.last, r.err = q.publishBatch(ctx, []*commitReq{r})
 		return
 	}
-	s.commits.trips.Add(1)
-	ack, err := s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: r.subject, Data: r.msgs[0]},
+	q.trips.Add(1)
+	ack, err := q.js.PublishMsg(ctx, &nats.Msg{Subject: r.subject, Data: r.msgs[0]},
 		jetstream.WithExpectLastSequencePerSubject(r.prev))
 	if err != nil {
 		r.err = err
@@ -172,12 +198,12 @@ func (s *Store) publishOne(ctx context.Context, r *commitReq) {
 // last sequence, and returns the sequence of the last message. Only the
 // commit message asks for a reply: JetStream answers it with the whole
 // batch's outcome. A refusal is a *jetstream.APIError.
-func (s *Store) publishBatch(ctx context.Context, reqs []*commitReq) (uint64, error) {
-	s.commits.trips.Add(1)
+func (q *committer) publishBatch(ctx context.Context, reqs []*commitReq) (uint64, error) {
+	q.trips.Add(1)
 	var id [16]byte
 	rand.Read(id[:])
 	bid := hex.EncodeToString(id[:])
-	nc := s.cfg.JS.Conn()
+	nc := q.js.Conn()
 	total := 0
 	for _, r := range reqs {
 		total += len(r.msgs)

@@ -17,7 +17,11 @@ import (
 // flight, and returns a function that waits until n are queued and then
 // lets them go out together, as the leader of a batch would.
 func queueHeld(t *testing.T, s *Store) (release func(n int)) {
-	q := &s.commits
+	return holdQueue(t, &s.commits)
+}
+
+// holdQueue is queueHeld for any of a store's committers.
+func holdQueue(t *testing.T, q *committer) (release func(n int)) {
 	q.mu.Lock()
 	q.busy = true
 	q.mu.Unlock()

@@ -202,25 +202,15 @@ func (s *Store) acquire(ctx context.Context, groupID string, serve bool) (*Lease
 	// A few rounds cover a record that changes between reading and
 	// writing it; the loser of such a race sees the winner's live lease.
 	for range 3 {
-		rev, err := s.kv.Create(ctx, l.key, l.record(now))
-		if err == nil {
-			return s.hold(l, rev, now, serve), nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
-		}
-		e, err := s.kv.Get(ctx, l.key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
+		rev, val, err := s.readOwner(ctx, l.key)
 		if err != nil {
 			return nil, fmt.Errorf("acquire %q: %w", groupID, err)
 		}
 		var cur streams.CVROwner
-		if err := json.Unmarshal(e.Value(), &cur); err == nil && (cur.ID != s.cfg.OwnerID || !serve) && now.UnixMilli() < cur.ExpiresMs {
+		if val != nil && json.Unmarshal(val, &cur) == nil && (cur.ID != s.cfg.OwnerID || !serve) && now.UnixMilli() < cur.ExpiresMs {
 			return nil, &OwnedError{GroupID: groupID, Owner: cur, Signed: s.signed(l.key, cur)}
 		}
-		rev, err = s.kv.Update(ctx, l.key, l.record(now), e.Revision())
+		rev, err = s.writeOwner(ctx, l.key, l.record(now), rev)
 		if err == nil {
 			return s.hold(l, rev, now, serve), nil
 		}
@@ -230,6 +220,48 @@ func (s *Store) acquire(ctx context.Context, groupID string, serve bool) (*Lease
 		now = time.Now()
 	}
 	return nil, fmt.Errorf("acquire %q: lease record keeps changing", groupID)
+}
+
+// ownerSubject is the subject of key's record in the owners bucket, as the
+// KV writes it without a JetStream domain or API prefix, which jetsync
+// does not use.
+func (s *Store) ownerSubject(key string) string { return "$KV." + s.kv.Bucket() + "." + key }
+
+// readOwner reads key's last message in the owners bucket: its revision,
+// 0 if there is none, and the record, nil if it was deleted.
+func (s *Store) readOwner(ctx context.Context, key string) (uint64, []byte, error) {
+	m, err := s.ownersStream.GetLastMsgForSubject(ctx, s.ownerSubject(key))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	switch m.Header.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return m.Sequence, nil, nil
+	}
+	return m.Sequence, m.Data, nil
+}
+
+// writeOwner writes key's record if its revision is still rev (0: none),
+// in one batch with the other lease writes under way.
+func (s *Store) writeOwner(ctx context.Context, key string, rec []byte, rev uint64) (uint64, error) {
+	r := s.ownerReq(key, rec, rev)
+	s.owners.run(ctx, []*commitReq{r})
+	return r.last, ownerErr(r.err)
+}
+
+func (s *Store) ownerReq(key string, rec []byte, rev uint64) *commitReq {
+	return &commitReq{subject: s.ownerSubject(key), msgs: [][]byte{rec}, prev: rev}
+}
+
+// ownerErr gives a write's refusal for a wrong revision as the KV does.
+func ownerErr(err error) error {
+	if conflict(err) {
+		return fmt.Errorf("%w: %w", err, jetstream.ErrKeyRevisionMismatch)
+	}
+	return err
 }
 
 func (s *Store) hold(l *Lease, rev uint64, now time.Time, register bool) *Lease {
@@ -270,14 +302,25 @@ func (s *Store) lost(l *Lease, err error) {
 func (l *Lease) Renew(ctx context.Context) error {
 	l.renewMu.Lock()
 	defer l.renewMu.Unlock()
-	l.mu.Lock()
-	rev, err := l.rev, l.err
-	l.mu.Unlock()
+	rev, err := l.held()
 	if err != nil {
 		return err
 	}
 	now := time.Now()
 	rev, err = l.s.kv.Update(ctx, l.key, l.record(now), rev)
+	return l.renewed(ctx, now, rev, err)
+}
+
+// held is the lease's revision, or why it ended.
+func (l *Lease) held() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rev, l.err
+}
+
+// renewed settles a renewal, under renewMu, whose record written at now
+// gave rev or err.
+func (l *Lease) renewed(ctx context.Context, now time.Time, rev uint64, err error) error {
 	// Renewals whose answers were lost (they timed out while NATS was
 	// unreachable, and nats.go sent them after the reconnect) move the
 	// record on while it still names this lease; several may land one
@@ -372,13 +415,42 @@ func (s *Store) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		for _, l := range s.Leases() {
-			rctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/3)
-			err := l.Renew(rctx)
-			cancel()
-			if err != nil && !errors.Is(err, ErrLeaseLost) && ctx.Err() == nil {
-				s.log.Warn("cvr lease renewal failed", logkey.ClientGroup, l.groupID, "err", err)
-			}
+		s.renewAll(ctx, s.Leases())
+	}
+}
+
+// renewAll renews leases in as few atomic batches as fit: with one write
+// (one fsync) each, the renewals of a thousand groups kept JetStream busy
+// under every other write. A batch is all or nothing, so one refused is
+// written again one record at a time (committer), and only the leases
+// whose records a peer rewrote are lost.
+func (s *Store) renewAll(ctx context.Context, leases []*Lease) {
+	type renewal struct {
+		l *Lease
+		r *commitReq
+	}
+	rs := make([]renewal, 0, len(leases))
+	reqs := make([]*commitReq, 0, len(leases))
+	now := time.Now()
+	for _, l := range leases {
+		l.renewMu.Lock()
+		rev, err := l.held()
+		if err != nil {
+			l.renewMu.Unlock()
+			continue
+		}
+		r := s.ownerReq(l.key, l.record(now), rev)
+		rs = append(rs, renewal{l, r})
+		reqs = append(reqs, r)
+	}
+	s.owners.run(ctx, reqs)
+	for _, x := range rs {
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL/3)
+		err := x.l.renewed(rctx, now, x.r.last, ownerErr(x.r.err))
+		cancel()
+		x.l.renewMu.Unlock()
+		if err != nil && !errors.Is(err, ErrLeaseLost) && ctx.Err() == nil {
+			s.log.Warn("cvr lease renewal failed", logkey.ClientGroup, x.l.groupID, "err", err)
 		}
 	}
 }

@@ -118,6 +118,9 @@ type Store struct {
 	log    *slog.Logger
 	stream jetstream.Stream
 	kv     jetstream.KeyValue
+	// ownersStream is kv's stream, read for a record's revision even once
+	// deleted.
+	ownersStream jetstream.Stream
 	// w is the projection's single writer; r serves State.
 	w, r *sql.DB
 	// stmts are the projection's statements, prepared on w's connection.
@@ -125,8 +128,9 @@ type Store struct {
 
 	// applies runs projection applies after their PubAcks (apply.go).
 	applies applyQueue
-	// commits gathers concurrent publishes into batches (commit.go).
-	commits committer
+	// commits gathers concurrent publishes into batches (commit.go), and
+	// owners the writes of lease records (lease.go).
+	commits, owners committer
 
 	mu     sync.Mutex
 	leases map[string]*Lease
@@ -147,6 +151,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	stream, kv, err := streams.EnsureCVR(ctx, cfg.JS, streams.Config{Shard: cfg.Shard, Replicas: cfg.Replicas})
 	if err != nil {
 		return nil, err
+	}
+	owners, err := cfg.JS.Stream(ctx, "KV_"+kv.Bucket())
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", kv.Bucket(), err)
 	}
 	// A put-rows statement writes many rows, so SQLite journals each one:
 	// in memory, not in a temporary file written page by page.
@@ -173,18 +181,23 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	s := &Store{
-		cfg:       cfg,
-		log:       cfg.Logger.With(logkey.Stream, cfg.Shard.CVRStream()),
-		stream:    stream,
-		kv:        kv,
-		w:         w,
-		r:         r,
-		stmts:     stmts,
-		leases:    map[string]*Lease{},
-		acquiring: map[string]int{},
-		purging:   map[string]bool{},
+		cfg:          cfg,
+		log:          cfg.Logger.With(logkey.Stream, cfg.Shard.CVRStream()),
+		stream:       stream,
+		kv:           kv,
+		ownersStream: owners,
+		w:            w,
+		r:            r,
+		stmts:        stmts,
+		leases:       map[string]*Lease{},
+		acquiring:    map[string]int{},
+		purging:      map[string]bool{},
 	}
 	s.applies.run = s.applyBatch
+	s.commits.js, s.commits.timeout = cfg.JS, commitTimeout
+	// A renewal slower than this is no better than a failed one: the
+	// next is due.
+	s.owners.js, s.owners.timeout = cfg.JS, cfg.LeaseTTL/3
 	return s, nil
 }
 

@@ -94,6 +94,10 @@ type envOptions struct {
 	noPeerSecret bool
 	// pruneAge is the server's CVRPruneAge.
 	pruneAge time.Duration
+	// releaseRows and onRelease, if set, replace the server's release
+	// threshold and what a release does (release.go).
+	releaseRows int
+	onRelease   func()
 }
 
 // testPeerSecret is the durable syncers' JETSYNC_PEER_SECRET.
@@ -202,6 +206,12 @@ func (e *env) startSyncer(id string, o envOptions) *syncer {
 	}
 	if o.wrapStore != nil {
 		srv.store = o.wrapStore(srv.store)
+	}
+	if o.releaseRows > 0 {
+		srv.rel.rows = o.releaseRows
+	}
+	if o.onRelease != nil {
+		srv.rel.free = o.onRelease
 	}
 	s.srv = srv
 	for _, p := range Patterns {

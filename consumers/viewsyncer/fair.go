@@ -162,7 +162,9 @@ func (g *group) takePending(from, to, at string, changed *changeSet) (string, *c
 // unlockAndCatchUp lets go of g's lock; if an advance left changes with g
 // meanwhile, g applies them in the background.
 func (g *group) unlockAndCatchUp() {
+	dropped := g.takeDropped()
 	g.mu.Unlock()
+	g.s.requestRelease(dropped)
 	if g.hasPending() && g.catchingUp.CompareAndSwap(false, true) {
 		go g.catchUp()
 	}

@@ -51,6 +51,9 @@ type group struct {
 	// the group left memory, so that a connection holding it retries.
 	idleSince time.Time
 	unloaded  bool
+	// droppedRows counts the rows whose values the group let go of since
+	// its last unlock (release.go).
+	droppedRows int
 	// pruneDue is when prune runs next (unix ns); read without mu.
 	pruneDue atomic.Int64
 	// leaseDone, if not nil, is closed when the store lost the group's

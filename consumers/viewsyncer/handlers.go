@@ -181,6 +181,7 @@ func (g *group) dropViews() {
 	if g.cvr == nil || g.cvr.Version == "" || g.broken || g.unloaded {
 		return
 	}
+	g.dropped(len(g.cvr.Rows))
 	g.pipelines, g.at = map[string]*pipeline{}, ""
 	for _, rec := range g.cvr.Rows {
 		rec.Value = zql.RowValue{}

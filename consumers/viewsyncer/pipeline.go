@@ -120,6 +120,7 @@ func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
 }
 
 func (g *group) removePipeline(u *update, p *pipeline) {
+	g.dropped(len(p.rows))
 	p.shared = nil
 	for id := range p.rows {
 		u.Release(id, p.hash)

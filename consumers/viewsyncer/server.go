@@ -289,6 +289,8 @@ type Server struct {
 	stmts, advStmts *zql.StmtCache
 	// views are the views that groups running the same query share.
 	views sharedViews
+	// rel returns memory to the OS after big queries go (release.go).
+	rel release
 	// bg tracks the groups' pushers, which closeAll waits for.
 	bg             sync.WaitGroup
 	clientsTable   string
@@ -379,6 +381,7 @@ func New(cfg Config) (*Server, error) {
 		groups:         map[string]*group{},
 		dropping:       map[string]chan struct{}{},
 		adm:            admission{inflight: make(chan struct{}, runtime.GOMAXPROCS(0))},
+		rel:            newRelease(),
 	}, nil
 }
 
@@ -424,6 +427,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	wg.Go(func() { s.evictLoop(ctx) })
 	wg.Go(func() { s.monitorMemory(ctx) })
+	wg.Go(func() { s.releaseLoop(ctx) })
 	if s.owners != nil {
 		wg.Go(func() {
 			if err := s.owners.Run(ctx); err != nil {

@@ -96,30 +96,7 @@ func serverEnv(upstream, api string) []string {
 // startJetsync runs `jetsync run` with its own data folder and in-process
 // NATS, and returns once its replica has the initial sync and it is healthy.
 func startJetsync(ctx context.Context, bin, root, upstream, api string) (*benchenv.Proc, error) {
-	cmd := exec.Command(bin, "run")
-	cmd.Env = append(serverEnv(upstream, api),
-		"JETSYNC_DATA_DIR="+filepath.Join(root, "data"),
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-	)
-	p, err := benchenv.StartProc("jetsync", cmd, root)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.WaitListening(ctx, time.Minute); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	if _, err := p.WaitLog(ctx, "initial sync applied", 5*time.Minute); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	if err := p.WaitHealthy(ctx, time.Minute, 50*time.Millisecond); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	return p, nil
+	return benchenv.StartRun(ctx, benchenv.Run{Bin: bin, Root: root, Env: serverEnv(upstream, api), HealthEvery: 50 * time.Millisecond})
 }
 
 // startZeroCache runs zero-cache 1.9.0 from the e2e install, as make

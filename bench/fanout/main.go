@@ -31,8 +31,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -648,44 +646,8 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // and in-process NATS, and returns once its replica has applied the
 // initial sync, its first backup is taken and its HTTP server answers.
 func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) (*benchenv.Proc, error) {
-	cmd := exec.Command(bin, "run")
-	cmd.Env = benchenv.ServerEnv(
-		"JETSYNC_DATA_DIR="+filepath.Join(root, "data"),
-		"ZERO_UPSTREAM_DB="+upstreamURL,
-		"ZERO_APP_ID="+appID,
-		"ZERO_APP_PUBLICATIONS="+publication,
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-	)
-	for _, kv := range strings.Split(extraEnv, ",") {
-		if kv = strings.TrimSpace(kv); kv != "" {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	p, err := benchenv.StartProc("jetsync", cmd, root)
-	if err != nil {
-		return nil, err
-	}
-	fail := func(err error) (*benchenv.Proc, error) {
-		p.Stop()
-		return nil, err
-	}
-	if err := p.WaitListening(ctx, time.Minute); err != nil {
-		return fail(err)
-	}
-	if _, err := p.WaitLog(ctx, "initial sync applied", 5*time.Minute); err != nil {
-		return fail(err)
-	}
-	// The first backup follows the initial sync and takes both cores for
-	// a few seconds: measure after it.
-	if !strings.Contains(extraEnv, "JETSYNC_BACKUP=off") {
-		if _, err := p.WaitLog(ctx, "a restorable snapshot exists", 5*time.Minute); err != nil {
-			return fail(err)
-		}
-	}
-	if err := p.WaitHealthy(ctx, time.Minute, 20*time.Millisecond); err != nil {
-		return fail(err)
-	}
-	return p, nil
+	return benchenv.StartRun(ctx, benchenv.Run{
+		Bin: bin, Root: root, Extra: extraEnv, AfterBackup: true,
+		Env: []string{"ZERO_UPSTREAM_DB=" + upstreamURL, "ZERO_APP_ID=" + appID, "ZERO_APP_PUBLICATIONS=" + publication},
+	})
 }

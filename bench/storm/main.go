@@ -25,8 +25,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -435,40 +433,11 @@ func parallel(k, n int, f func(i int) error) error {
 // startJetsync runs `jetsync run` on the upstream with in-process NATS and
 // no backups, and returns once it serves queries.
 func startJetsync(ctx context.Context, bin, root, upstreamURL string, idle time.Duration, extraEnv string) (*benchenv.Proc, error) {
-	cmd := exec.Command(bin, "run")
-	cmd.Env = benchenv.ServerEnv(
-		"JETSYNC_DATA_DIR="+filepath.Join(root, "data"),
-		"ZERO_UPSTREAM_DB="+upstreamURL,
-		"ZERO_APP_ID="+appID,
-		"ZERO_APP_PUBLICATIONS="+publication,
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-		"JETSYNC_BACKUP=off",
-		"JETSYNC_GROUP_IDLE="+idle.String(),
-	)
-	for _, kv := range strings.Split(extraEnv, ",") {
-		if kv = strings.TrimSpace(kv); kv != "" {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	p, err := benchenv.StartProc("jetsync", cmd, root)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.WaitListening(ctx, time.Minute); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	if _, err := p.WaitLog(ctx, "initial sync applied", 5*time.Minute); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	if err := p.WaitHealthy(ctx, time.Minute, 20*time.Millisecond); err != nil {
-		p.Stop()
-		return nil, err
-	}
-	return p, nil
+	return benchenv.StartRun(ctx, benchenv.Run{
+		Bin: bin, Root: root, Extra: extraEnv,
+		Env: []string{"ZERO_UPSTREAM_DB=" + upstreamURL, "ZERO_APP_ID=" + appID, "ZERO_APP_PUBLICATIONS=" + publication,
+			"JETSYNC_BACKUP=off", "JETSYNC_GROUP_IDLE=" + idle.String()},
+	})
 }
 
 // pct is the p-th percentile of d (p=100: the max); 0 for none.

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -48,49 +46,18 @@ type jetsync struct {
 // in-process NATS and extraEnv (comma-separated KEY=VALUE pairs), and returns
 // once its replica has applied the initial sync and its HTTP server answers.
 func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) (*jetsync, error) {
-	cmd := exec.Command(bin, "run")
-	cmd.Env = benchenv.ServerEnv(
-		"JETSYNC_DATA_DIR="+filepath.Join(root, "data"),
-		"ZERO_UPSTREAM_DB="+upstreamURL,
-		"ZERO_APP_ID="+appID,
-		"ZERO_APP_PUBLICATIONS="+publication,
-		"ZERO_PORT=0",
-		"JETSYNC_NATS_LISTEN=",
-		"ZERO_LOG_FORMAT=json",
-	)
-	for _, kv := range strings.Split(extraEnv, ",") {
-		if kv = strings.TrimSpace(kv); kv != "" {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
 	t0 := time.Now()
-	p, err := benchenv.StartProc("jetsync", cmd, root)
+	// The measures start after the first backup snapshot, in the steady
+	// state, as zero-cache's were taken without litestream running.
+	p, err := benchenv.StartRun(ctx, benchenv.Run{
+		Bin: bin, Root: root, Extra: extraEnv, AfterBackup: true,
+		Env: []string{"ZERO_UPSTREAM_DB=" + upstreamURL, "ZERO_APP_ID=" + appID, "ZERO_APP_PUBLICATIONS=" + publication},
+	})
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*jetsync, error) {
-		p.Stop()
-		return nil, err
-	}
-	if err := p.WaitListening(ctx, time.Minute); err != nil {
-		return fail(err)
-	}
-	if _, err := p.WaitLog(ctx, "initial sync applied", 5*time.Minute); err != nil {
-		return fail(err)
-	}
-	j := &jetsync{Proc: p, readyIn: time.Since(t0)}
-	// The first backup snapshot follows the initial sync at once, and
-	// takes a few seconds of both cores: measures start after it, in the
-	// steady state, as zero-cache's were taken without litestream running.
-	if !strings.Contains(extraEnv, "JETSYNC_BACKUP=off") {
-		if _, err := p.WaitLog(ctx, "a restorable snapshot exists", 5*time.Minute); err != nil {
-			return fail(err)
-		}
-	}
-	if err := p.WaitHealthy(ctx, time.Minute, 20*time.Millisecond); err != nil {
-		return fail(err)
-	}
-	return j, nil
+	ready, _ := p.Log.At("initial sync applied")
+	return &jetsync{Proc: p, readyIn: ready.Sub(t0)}, nil
 }
 
 type rssSample struct {

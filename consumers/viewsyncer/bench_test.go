@@ -1,6 +1,7 @@
 package viewsyncer
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -14,6 +15,9 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/jetsync/jetsync/consumers/replicator"
+	"github.com/jetsync/jetsync/consumers/zql"
 )
 
 // BenchmarkHydrateIssues times, server side and end to end over a real
@@ -172,4 +176,51 @@ func BenchmarkAdvanceQuiet(b *testing.B) {
 	// clients) per commit: less noisy than the time on a shared machine.
 	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(i), "cpu-ms/op")
 	b.ReportMetric(float64(full.Load())/float64(i), "full-advances/op")
+}
+
+// BenchmarkAffected is the Affects checks of one commit, the retitle of a
+// hot issue, against the queries of 1,000 quiet groups as bench/storm
+// holds them (one issue with its comments, one owner's latest issues):
+// what passQuiet runs for every quiet group at every commit.
+func BenchmarkAffected(b *testing.B) {
+	sch := zql.Schema{Tables: map[string]zql.TableSchema{
+		"issue": {Columns: []zql.Column{{Name: "id", Kind: zql.KindString}, {Name: "title", Kind: zql.KindString},
+			{Name: "open", Kind: zql.KindBoolean}, {Name: "modified", Kind: zql.KindNumber},
+			{Name: "owner_id", Kind: zql.KindString}, {Name: "created", Kind: zql.KindNumber}}, PrimaryKey: []string{"id"}},
+		"comment": {Columns: []zql.Column{{Name: "id", Kind: zql.KindString}, {Name: "issue_id", Kind: zql.KindString},
+			{Name: "body", Kind: zql.KindString}, {Name: "created", Kind: zql.KindNumber}}, PrimaryKey: []string{"id"}},
+	}}
+	var pipes []*pipeline
+	for g := range 1000 {
+		for _, src := range []string{
+			fmt.Sprintf(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"id"},"right":{"type":"literal","value":"i%07d"},"op":"="},"limit":1,
+				"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["created","asc"]]}}]}`, 100+g),
+			fmt.Sprintf(`{"table":"issue","where":{"type":"simple","left":{"type":"column","name":"owner_id"},"right":{"type":"literal","value":"u%06d"},"op":"="},
+				"orderBy":[["modified","desc"],["id","asc"]],"limit":20}`, 10+g%90),
+		} {
+			var ast zql.AST
+			if err := json.Unmarshal([]byte(src), &ast); err != nil {
+				b.Fatal(err)
+			}
+			q, err := zql.Compile(sch, &ast)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pipes = append(pipes, &pipeline{query: q, tables: astTables(&ast, nil)})
+		}
+	}
+	row := func(title string) map[string]any {
+		return map[string]any{"id": "i0000001", "title": title, "open": int64(1), "modified": 1.7e12, "owner_id": "u000002", "created": 1.6e12}
+	}
+	i := 0
+	for b.Loop() {
+		i++
+		cs := &changeSet{tables: map[string]bool{}}
+		cs.add([]replicator.RowChange{{Table: "issue", Old: row(fmt.Sprint(i - 1)), New: row(fmt.Sprint(i))}})
+		for _, p := range pipes {
+			if p.affected(cs) {
+				b.Fatal("a quiet group's query is affected")
+			}
+		}
+	}
 }

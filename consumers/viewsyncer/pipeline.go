@@ -3,6 +3,7 @@ package viewsyncer
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jetsync/jetsync/consumers/replicator"
@@ -57,6 +58,9 @@ type pipeline struct {
 type changeSet struct {
 	tables map[string]bool
 	rows   []zql.Change
+	// affects is rows prepared once for the many pipelines' affected.
+	affectsOnce sync.Once
+	affects     *zql.Changes
 }
 
 func (cs *changeSet) add(rcs []replicator.RowChange) {
@@ -291,19 +295,11 @@ func rowID(r zql.RowValue) (id, key string, err error) {
 	return id, id[len(r.Table())+1:], nil
 }
 
-// affected reports whether changed may change p's rows: it reads a
-// changed table, and the changed rows may matter to it (zql's Affects).
+// affected reports whether changed may change p's rows (zql's Affects:
+// it reads a changed table, and the changed rows may matter to it).
 func (p *pipeline) affected(changed *changeSet) bool {
-	return intersects(p.tables, changed.tables) && p.query.Affects(changed.rows)
-}
-
-func intersects(a, b map[string]bool) bool {
-	for t := range b {
-		if a[t] {
-			return true
-		}
-	}
-	return false
+	changed.affectsOnce.Do(func() { changed.affects = zql.NewChanges(changed.rows) })
+	return p.query.Affects(changed.affects)
 }
 
 // astTables adds the tables an AST reads to into.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -93,7 +95,7 @@ func TestQuery_Affects(t *testing.T) {
 				if sameRows(prev, fresh) != "" {
 					changed++
 				}
-				if !q.Affects(changes) {
+				if !q.Affects(NewChanges(changes)) {
 					spared++
 					if diff := sameRows(prev, fresh); diff != "" {
 						t.Fatalf("step %d (%s): spared, but the result changed: %s", step, strings.Join(stmts, "; "), diff)
@@ -195,9 +197,80 @@ func TestQuery_AffectsCases(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := q.Affects([]Change{tc.change}); got != tc.want {
+			if got := q.Affects(NewChanges([]Change{tc.change})); got != tc.want {
 				t.Errorf("Affects = %v; want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestChanges_Shared checks that one Changes, whose images the first query
+// to read them converts, judges each query as a Changes of its own would:
+// queries compiled for another column order of the table (a schema
+// change), several tables changed at once, and queries asked at once.
+func TestChanges_Shared(t *testing.T) {
+	swapped := Schema{Tables: map[string]TableSchema{}}
+	for n, ts := range benchSchema.Tables {
+		swapped.Tables[n] = ts
+	}
+	is := benchSchema.Tables["issue"]
+	cols := slices.Clone(is.Columns)
+	i, o := slices.IndexFunc(cols, func(c Column) bool { return c.Name == "id" }), slices.IndexFunc(cols, func(c Column) bool { return c.Name == "owner_id" })
+	cols[i], cols[o] = cols[o], cols[i]
+	swapped.Tables["issue"] = TableSchema{Columns: cols, PrimaryKey: is.PrimaryKey}
+	issue := func(id, owner string) map[string]any {
+		return map[string]any{"id": id, "title": "t", "open": int64(1), "modified": 1.0, "owner_id": owner, "created": 2.0}
+	}
+	byOwner := `{"table":"issue","where":` + simpleJSON("owner_id", "=", `"u1"`) + `,"limit":20,"orderBy":[["modified","desc"]]}`
+	byID := `{"table":"issue","where":` + simpleJSON("id", "=", `"u1"`) + `}`
+	withComments := `{"table":"issue","where":` + simpleJSON("id", "=", `"i9"`) + `,"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},
+			"subquery":{"table":"comment","alias":"comments"}}]}`
+	comment := Change{Table: "comment", New: map[string]any{"id": "c1", "issue_id": "i1", "body": "b", "created": 1.0}}
+	// An issue whose ID is the owner the queries ask for: read with the
+	// other order's columns, it would pass byOwner.
+	odd := Change{Table: "issue", Old: issue("u1", "u2"), New: issue("u1", "u3")}
+	queries := []struct {
+		ast    string
+		schema Schema
+	}{{byOwner, benchSchema}, {byOwner, swapped}, {byID, swapped}, {byID, benchSchema}, {withComments, benchSchema}, {withComments, swapped}}
+	for _, rows := range [][]Change{{odd}, {comment, odd}, {odd, comment}} {
+		var qs []*Query
+		var want []bool
+		for _, qc := range queries {
+			ast, err := ParseAST([]byte(qc.ast))
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, err := Compile(qc.schema, ast)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qs = append(qs, q)
+			want = append(want, q.Affects(NewChanges(rows)))
+		}
+		if want[0] || want[1] || !want[2] || !want[3] {
+			t.Fatalf("fresh verdicts %v; want byOwner false and byID true in both orders", want)
+		}
+		// Each query asked first once, then the others, one after another.
+		for first := range qs {
+			shared := NewChanges(rows)
+			for k := range qs {
+				j := (first + k) % len(qs)
+				if got := qs[j].Affects(shared); got != want[j] {
+					t.Errorf("rows %d, query %d after query %d: Affects = %v; want %v", len(rows), j, first, got, want[j])
+				}
+			}
+		}
+		// All at once (for the race detector).
+		shared := NewChanges(rows)
+		var wg sync.WaitGroup
+		for j, q := range qs {
+			wg.Go(func() {
+				if got := q.Affects(shared); got != want[j] {
+					t.Errorf("rows %d, query %d at once: Affects = %v; want %v", len(rows), j, got, want[j])
+				}
+			})
+		}
+		wg.Wait()
 	}
 }

@@ -28,6 +28,9 @@ type Query struct {
 	chains       map[string][]chain
 	scalarTables map[string]bool
 	nodes        int
+	// rootAlone is set when no node but the root, and no scalar subquery,
+	// reads the root's table (Affects).
+	rootAlone bool
 }
 
 // chain is a path of EXISTS hops from the root to a node.
@@ -126,6 +129,7 @@ func Compile(s Schema, ast *AST) (*Query, error) {
 		e.node.tables(q.scalarTables)
 	}
 	q.indexChains(root, chain{}, scalar)
+	q.rootAlone = len(q.byTable[root.t.name]) == 0 && !q.scalarTables[root.t.name]
 	return q, nil
 }
 

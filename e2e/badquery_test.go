@@ -91,17 +91,26 @@ func (c *wsClient) next(timeout time.Duration) (string, json.RawMessage) {
 // an error frame.
 func (c *wsClient) waitGot(hash string) {
 	c.t.Helper()
+	if tag, body := c.awaitGot(hash); tag != "" {
+		c.t.Fatalf("waiting for query %s: %s %s", hash, tag, body)
+	}
+}
+
+// awaitGot is waitGot that returns an error or close frame instead of
+// failing the test; "" once the query is got.
+func (c *wsClient) awaitGot(hash string) (string, json.RawMessage) {
+	c.t.Helper()
 	got := false
 	for {
 		tag, body := c.next(60 * time.Second)
 		switch tag {
 		case "error", "close":
-			c.t.Fatalf("waiting for query %s: %s %s", hash, tag, body)
+			return tag, body
 		case "pokePart":
 			got = got || gotPut(body, hash)
 		case "pokeEnd":
 			if got {
-				return
+				return "", nil
 			}
 		}
 	}

@@ -105,11 +105,8 @@ func (p *pendingAdvance) merged(more *changeSet) *changeSet {
 	if more != nil {
 		parts = append(parts[:len(parts):len(parts)], more)
 	}
-	cs := &changeSet{tables: map[string]bool{}}
+	cs := &changeSet{}
 	for _, part := range parts {
-		for t := range part.tables {
-			cs.tables[t] = true
-		}
 		cs.rows = append(cs.rows, part.rows...)
 	}
 	return cs

@@ -362,7 +362,7 @@ func (g *group) evict(ctx context.Context, now time.Time) error {
 // unless the snapshot is newer than the group's rows.
 func (g *group) syncAt(ctx context.Context, snap *snapshot) error {
 	snap.from = snap.version
-	return g.sync(ctx, snap, &changeSet{tables: map[string]bool{}})
+	return g.sync(ctx, snap, &changeSet{})
 }
 
 // unloadIfIdle marks the group unloaded once it has had no connection for

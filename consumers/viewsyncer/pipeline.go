@@ -39,7 +39,6 @@ type pipeline struct {
 	perms       *permissions.Rules
 	authGen     int
 	transformed string
-	tables      map[string]bool
 	// rows holds the IDs of the rows the query syncs.
 	rows map[string]struct{}
 	// key names the compiled query, for sharing its view with other
@@ -56,8 +55,7 @@ type pipeline struct {
 
 // changeSet is what the replica changed between two snapshots.
 type changeSet struct {
-	tables map[string]bool
-	rows   []zql.Change
+	rows []zql.Change
 	// affects is rows prepared once for the many pipelines' affected.
 	affectsOnce sync.Once
 	affects     *zql.Changes
@@ -65,7 +63,6 @@ type changeSet struct {
 
 func (cs *changeSet) add(rcs []replicator.RowChange) {
 	for _, rc := range rcs {
-		cs.tables[rc.Table] = true
 		cs.rows = append(cs.rows, zql.Change{Table: rc.Table, Old: rc.Old, New: rc.New})
 	}
 }
@@ -116,7 +113,7 @@ func (g *group) prepare(p *pipeline, snap *snapshot) (rebuilt bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	p.query, p.view, p.schema, p.tables = q, q.NewView(), snap.schema, astTables(ast, nil)
+	p.query, p.view, p.schema = q, q.NewView(), snap.schema
 	p.shared, p.at = nil, ""
 	p.key, p.shareable = keyOf(snap.schema, ast)
 	p.shareable = p.shareable && !p.internal
@@ -300,32 +297,4 @@ func rowID(r zql.RowValue) (id, key string, err error) {
 func (p *pipeline) affected(changed *changeSet) bool {
 	changed.affectsOnce.Do(func() { changed.affects = zql.NewChanges(changed.rows) })
 	return p.query.Affects(changed.affects)
-}
-
-// astTables adds the tables an AST reads to into.
-func astTables(a *zql.AST, into map[string]bool) map[string]bool {
-	if into == nil {
-		into = map[string]bool{}
-	}
-	if a == nil {
-		return into
-	}
-	into[a.Table] = true
-	for i := range a.Related {
-		astTables(a.Related[i].Subquery, into)
-	}
-	condTables(a.Where, into)
-	return into
-}
-
-func condTables(c *zql.Condition, into map[string]bool) {
-	if c == nil {
-		return
-	}
-	for i := range c.Conditions {
-		condTables(&c.Conditions[i], into)
-	}
-	if c.Related != nil {
-		astTables(c.Related.Subquery, into)
-	}
 }

@@ -486,7 +486,7 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) advance(ctx context.Context, snap *snapshot, u replicator.Update) {
 	var changed *changeSet
 	if !u.Reset {
-		changed = &changeSet{tables: map[string]bool{}}
+		changed = &changeSet{}
 		changed.add(u.Changes)
 	}
 	snap.from = u.From

@@ -11,7 +11,6 @@ import (
 // commit is checked against each quiet group's queries, 2,000 of them in
 // a reconnect storm). It is safe for concurrent use.
 type Changes struct {
-	rows   []Change
 	tables []*tableChanges
 }
 
@@ -33,7 +32,7 @@ type converted struct {
 
 // NewChanges prepares rows for Affects.
 func NewChanges(rows []Change) *Changes {
-	cs := &Changes{rows: rows}
+	cs := &Changes{}
 	for _, c := range rows {
 		i := slices.IndexFunc(cs.tables, func(t *tableChanges) bool { return t.name == c.Table })
 		if i < 0 {
@@ -44,9 +43,6 @@ func NewChanges(rows []Change) *Changes {
 	}
 	return cs
 }
-
-// Rows returns the changed rows NewChanges was given.
-func (cs *Changes) Rows() []Change { return cs.rows }
 
 // images returns tc's images converted for t. Those of the first schema
 // asked for are kept; another's (a query compiled before a schema change)

@@ -80,23 +80,23 @@ func startAPIServer(ctx context.Context, node, root, upstream string) (*benchenv
 	}
 }
 
-// serverEnv is what both sync servers are configured with: the seeded
+// appSettings are what both sync servers are configured with: the seeded
 // upstream and the app's API server behind the query and mutate URLs.
-func serverEnv(upstream, api string) []string {
-	return benchenv.ServerEnv(
-		"ZERO_UPSTREAM_DB="+upstream,
-		"ZERO_APP_ID="+appID,
-		"ZERO_APP_PUBLICATIONS="+publication,
-		"ZERO_AUTH_SECRET="+authSecret,
-		"ZERO_QUERY_URL="+api+"/query",
-		"ZERO_MUTATE_URL="+api+"/mutate",
-	)
+func appSettings(upstream, api string) []string {
+	return []string{
+		"ZERO_UPSTREAM_DB=" + upstream,
+		"ZERO_APP_ID=" + appID,
+		"ZERO_APP_PUBLICATIONS=" + publication,
+		"ZERO_AUTH_SECRET=" + authSecret,
+		"ZERO_QUERY_URL=" + api + "/query",
+		"ZERO_MUTATE_URL=" + api + "/mutate",
+	}
 }
 
 // startJetsync runs `jetsync run` with its own data folder and in-process
 // NATS, and returns once its replica has the initial sync and it is healthy.
 func startJetsync(ctx context.Context, bin, root, upstream, api string) (*benchenv.Proc, error) {
-	return benchenv.StartRun(ctx, benchenv.Run{Bin: bin, Root: root, Env: serverEnv(upstream, api), HealthEvery: 50 * time.Millisecond})
+	return benchenv.StartRun(ctx, benchenv.Run{Bin: bin, Root: root, Env: appSettings(upstream, api), HealthEvery: 50 * time.Millisecond})
 }
 
 // startZeroCache runs zero-cache 1.9.0 from the e2e install, as make
@@ -115,7 +115,7 @@ func startZeroCache(ctx context.Context, node, root, upstream, api string) (*ben
 		return nil, err
 	}
 	cmd := exec.Command(node, script)
-	cmd.Env = append(serverEnv(upstream, api),
+	cmd.Env = append(benchenv.ServerEnv(appSettings(upstream, api)...),
 		"ZERO_REPLICA_FILE="+filepath.Join(root, "replica.db"),
 		"ZERO_PORT="+strconv.Itoa(port),
 		"ZERO_CHANGE_STREAMER_PORT="+strconv.Itoa(csPort),

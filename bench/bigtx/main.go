@@ -44,7 +44,7 @@ const (
 type options struct {
 	rows, txs, txRows, clients, issues int
 	data, bin                          string
-	workMem                            string
+	workMem, env                       string
 	keep                               bool
 }
 
@@ -59,6 +59,7 @@ func main() {
 	benchenv.DataFlag(&o.data)
 	flag.StringVar(&o.bin, "bin", "bin/jetsync", "the jetsync binary (make build); built into a temporary folder when missing")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder")
+	flag.StringVar(&o.env, "jetsync-env", "", "extra environment for jetsync, comma-separated KEY=VALUE pairs (such as JETSYNC_PPROF_ADDR=127.0.0.1:6060)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bigtx:", err)
@@ -101,15 +102,15 @@ func run(o options) error {
 	}
 	data := filepath.Join(root, "data")
 	cmd := exec.Command(bin, "run")
-	cmd.Env = benchenv.ServerEnv(
-		"ZERO_UPSTREAM_DB="+upstream,
-		"ZERO_APP_ID="+appID,
-		"ZERO_APP_PUBLICATIONS="+publication,
-		"JETSYNC_DATA_DIR="+data,
+	cmd.Env = benchenv.ServerEnv(append([]string{
+		"ZERO_UPSTREAM_DB=" + upstream,
+		"ZERO_APP_ID=" + appID,
+		"ZERO_APP_PUBLICATIONS=" + publication,
+		"JETSYNC_DATA_DIR=" + data,
 		"ZERO_PORT=0",
 		"JETSYNC_NATS_LISTEN=",
 		"ZERO_LOG_FORMAT=json",
-	)
+	}, benchenv.SplitEnv(o.env)...)...)
 	srv, err := benchenv.StartProc("jetsync", cmd, root)
 	if err != nil {
 		return err

@@ -177,3 +177,62 @@ func TestBounds_SQLiteLimits(t *testing.T) {
 		}
 	})
 }
+
+// TestRelated_ReadsItsLimit checks that a relation with a limit reads no
+// more of a parent's children than it syncs, by index or not, past a start
+// or not, and syncs the same rows as the relation without the limit cut to
+// it.
+func TestRelated_ReadsItsLimit(t *testing.T) {
+	const issues, cpi, roots, limit = 30, 50, 3, 2
+	for _, indexed := range []bool{true, false} {
+		db := seedReplica(t, issues, cpi, indexed)
+		tx := readTx(t, db)
+		for _, start := range []string{"", `,"start":{"row":{"id":"c0000000-2"},"exclusive":true}`} {
+			t.Run(fmt.Sprintf("indexed=%v/start=%v", indexed, start != ""), func(t *testing.T) {
+				query := func(sub string) string {
+					return `{"table":"issue","orderBy":[["id","asc"]],"limit":` + fmt.Sprint(roots) +
+						`,"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["id","asc"]]` + sub + `}}]}`
+				}
+				hydrate := func(js string) *Result {
+					ast, err := ParseAST([]byte(js))
+					if err != nil {
+						t.Fatal(err)
+					}
+					q, err := Compile(benchSchema, ast)
+					if err != nil {
+						t.Fatal(err)
+					}
+					res, err := q.Hydrate(context.Background(), tx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return res
+				}
+				got := hydrate(query(start + fmt.Sprintf(`,"limit":%d`, limit)))
+				all := hydrate(query(start))
+				if want := roots + roots*limit; got.RowsRead != want {
+					t.Errorf("read %d rows; want %d (%d roots and %d children each)", got.RowsRead, want, roots, limit)
+				}
+				// The unlimited relation's rows, cut to limit per issue.
+				perIssue := map[any][]string{}
+				for _, r := range all.Rows["comment"] {
+					perIssue[r["issue_id"]] = append(perIssue[r["issue_id"]], r["id"].(string))
+				}
+				var want []string
+				for _, ids := range perIssue {
+					slices.Sort(ids)
+					want = append(want, ids[:min(limit, len(ids))]...)
+				}
+				var ids []string
+				for _, r := range got.Rows["comment"] {
+					ids = append(ids, r["id"].(string))
+				}
+				slices.Sort(ids)
+				slices.Sort(want)
+				if len(want) != roots*limit || !slices.Equal(ids, want) {
+					t.Errorf("synced comments %v; want %v", ids, want)
+				}
+			})
+		}
+	}
+}

@@ -72,6 +72,11 @@ type node struct {
 	// none is set when where is FALSE for every row (a table the read
 	// rules deny): the node reads nothing.
 	none bool
+	// relation is set on a relation's node. Its lookups keep only the rows
+	// the relation syncs, past start and up to limit, so a parent with a
+	// million children reads limit of them. An EXISTS node keeps all: a
+	// flipped one syncs every match.
+	relation bool
 }
 
 type orderCol struct {
@@ -261,6 +266,7 @@ func (c *compiler) node(a *AST, inExists, private bool) (*node, error) {
 		if err != nil {
 			return nil, err
 		}
+		cn.relation = true
 		n.related = append(n.related, &relation{parent: parent, child: child, hidden: r.Hidden, node: cn})
 	}
 	return n, nil

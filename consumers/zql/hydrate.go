@@ -367,12 +367,19 @@ func (h *hydration) children(n *node, child []int, key []any) ([]*row, error) {
 	}
 	b.WriteString(n.orderSQL)
 	var rows []*row
+	if n.full(rows) {
+		lk.byKey[k] = rows
+		return rows, nil
+	}
 	err = h.scan(n.t, b.String(), args, func(r *row) (bool, error) {
 		// SQLite's affinities may coerce the key: keep strict matches.
 		for i, c := range child {
 			if !valuesEqual(r.vals[c], key[i]) {
 				return true, nil
 			}
+		}
+		if !n.keeps(r) {
+			return true, nil
 		}
 		if n.where != nil {
 			ok, err := n.where.eval(h, r)
@@ -381,13 +388,23 @@ func (h *hydration) children(n *node, child []int, key []any) ([]*row, error) {
 			}
 		}
 		rows = append(rows, r)
-		return true, nil
+		return !n.full(rows), nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	lk.byKey[k] = rows
 	return rows, nil
+}
+
+// keeps reports whether a lookup of n keeps r as far as n's start goes.
+func (n *node) keeps(r *row) bool {
+	return !n.relation || n.start == nil || n.after(r)
+}
+
+// full reports whether a lookup of n holding rows needs no more.
+func (n *node) full(rows []*row) bool {
+	return n.relation && n.limit >= 0 && len(rows) >= n.limit
 }
 
 // loadAll reads every row of n's table that passes n's where, grouped by
@@ -406,13 +423,19 @@ func (h *hydration) loadAll(n *node, child []int, lk *lookup) error {
 				return true, nil
 			}
 		}
+		if !n.keeps(r) {
+			return true, nil
+		}
+		k := valuesKey(key)
+		if n.full(byKey[k]) {
+			return true, nil
+		}
 		if n.where != nil {
 			ok, err := n.where.eval(h, r)
 			if err != nil || !ok {
 				return err == nil, err
 			}
 		}
-		k := valuesKey(key)
 		byKey[k] = append(byKey[k], r)
 		return true, nil
 	})

@@ -19,10 +19,6 @@ import (
 	"github.com/jetsync/jetsync/bench/internal/syncclient"
 )
 
-// allIssues is the whole issue table, as the e2e app's allIssues shape
-// sends it.
-var allIssues = syncclient.NewQuery(`{"table":"issue","orderBy":[["id","asc"]]}`)
-
 type serverRun struct {
 	took  time.Duration
 	rows  int
@@ -33,35 +29,10 @@ type serverRun struct {
 }
 
 // measureServer times one new group's query over the whole issue table
-// from its put (in the initConnection sent after connected) to the pokeEnd
-// of the poke carrying its gotQueriesPatch. The query then goes with a del
-// and TTL 0, so that no run's rows stay behind in the server.
+// (syncclient.Hydrate).
 func measureServer(base string, run int) (serverRun, error) {
-	c, err := syncclient.Dial(base, syncclient.Options{Group: fmt.Sprintf("bench-server-%d-%d", time.Now().UnixNano(), run), Client: "c", ReadBufferSize: 64 << 10})
-	if err != nil {
-		return serverRun{}, err
-	}
-	defer c.Close()
-	if err := c.Expect("connected"); err != nil {
-		return serverRun{}, err
-	}
-	c.Bytes = 0
-	start := time.Now()
-	if err := c.Send(syncclient.InitConnection(allIssues.Put(0))); err != nil {
-		return serverRun{}, err
-	}
-	end, rows, err := c.WaitGot(allIssues.Hash)
-	if err != nil {
-		return serverRun{}, err
-	}
-	r := serverRun{took: end.Sub(start), rows: rows, bytes: c.Bytes}
-	if err := c.Send(syncclient.DelQuery(allIssues.Hash)); err != nil {
-		return r, err
-	}
-	if err := c.WaitGone(allIssues.Hash); err != nil {
-		return r, fmt.Errorf("await the query's removal: %w", err)
-	}
-	return r, nil
+	h, err := syncclient.Hydrate(base, fmt.Sprintf("bench-server-%d-%d", time.Now().UnixNano(), run), syncclient.AllIssues)
+	return serverRun{took: h.Took, rows: h.Rows, bytes: h.Bytes}, err
 }
 
 // queries makes each benchmark client's five legacy queries, the ASTs the

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -71,23 +70,9 @@ type rssSample struct {
 // rss reads the process's peak (VmHWM) and current (VmRSS) resident set.
 func (j *jetsync) rss(after string) rssSample {
 	s := rssSample{after: after}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", j.Cmd.Process.Pid))
-	if err != nil {
+	var err error
+	if s.hwm, s.rss, err = benchenv.Mem(j.Cmd.Process.Pid); err != nil {
 		return s
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmHWM:":
-			s.hwm = kb << 10
-		case "VmRSS:":
-			s.rss = kb << 10
-		}
 	}
 	s.live = j.metric("go_memstats_next_gc_bytes") / 2
 	fmt.Printf("rss after %s: peak %d MiB, now %d MiB; Go heap live at the last GC ~%d MiB\n", after, s.hwm>>20, s.rss>>20, s.live>>20)

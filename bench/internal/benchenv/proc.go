@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -188,4 +189,30 @@ func (p *Proc) WaitListening(ctx context.Context, limit time.Duration) error {
 func (p *Proc) setBase(rec map[string]any) {
 	port, _ := rec["port"].(float64)
 	p.Base = fmt.Sprintf("http://127.0.0.1:%d", int(port))
+}
+
+// Mem reads a live process's peak (VmHWM) and current (VmRSS) resident set,
+// in bytes.
+func Mem(pid int) (hwm, rss int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmHWM:":
+			hwm = kb << 10
+		case "VmRSS:":
+			rss = kb << 10
+		}
+	}
+	if hwm == 0 {
+		return 0, 0, fmt.Errorf("/proc/%d/status: no VmHWM", pid)
+	}
+	return hwm, rss, nil
 }

@@ -31,7 +31,7 @@ type serverRun struct {
 // measureServer times one new group's query over the whole issue table
 // (syncclient.Hydrate).
 func measureServer(base string, run int) (serverRun, error) {
-	h, err := syncclient.Hydrate(base, fmt.Sprintf("bench-server-%d-%d", time.Now().UnixNano(), run), syncclient.AllIssues)
+	h, err := syncclient.Hydrate(base, fmt.Sprintf("bench-server-%d-%d", time.Now().UnixNano(), run), syncclient.AllIssues, nil)
 	return serverRun{took: h.Took, rows: h.Rows, bytes: h.Bytes}, err
 }
 

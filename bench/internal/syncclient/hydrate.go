@@ -14,13 +14,16 @@ type Hydration struct {
 	Took  time.Duration
 	Rows  int // row puts received
 	Bytes int // frames received
+	// Del is from the del to the poke that takes the query from the got
+	// queries.
+	Del time.Duration
 }
 
 // Hydrate times a new group's query q from its put (in the initConnection
 // sent after connected) to the pokeEnd of the poke carrying its
-// gotQueriesPatch. The query then goes with a del and TTL 0, so that no
-// run's rows stay behind in the server.
-func Hydrate(base, group string, q Query) (Hydration, error) {
+// gotQueriesPatch, when onGot, if not nil, is called. The query then goes
+// with a del and TTL 0, so that no run's rows stay behind in the server.
+func Hydrate(base, group string, q Query, onGot func()) (Hydration, error) {
 	c, err := Dial(base, Options{Group: group, Client: "c", ReadBufferSize: 64 << 10})
 	if err != nil {
 		return Hydration{}, err
@@ -39,11 +42,16 @@ func Hydrate(base, group string, q Query) (Hydration, error) {
 		return Hydration{}, err
 	}
 	h := Hydration{Took: end.Sub(start), Rows: rows, Bytes: c.Bytes}
+	if onGot != nil {
+		onGot()
+	}
+	del := time.Now()
 	if err := c.Send(DelQuery(q.Hash)); err != nil {
 		return h, err
 	}
 	if err := c.WaitGone(q.Hash); err != nil {
 		return h, fmt.Errorf("await the query's removal: %w", err)
 	}
+	h.Del = time.Since(del)
 	return h, nil
 }

@@ -4,8 +4,10 @@
 //
 //   - initial sync: a fresh `jetsync run` from its start until its replica
 //     is ready to serve (/ answers 200), -runs times. A least-squares line
-//     over the sizes gives the rate per extra row and, at zero rows, the
-//     fixed start-up cost;
+//     over the sizes gives the rate per extra row. The fixed start-up cost
+//     is timed, not fitted: the same on seed.sh -empty-issues (10 issues,
+//     about a hundred rows), since a line through sizes whose per-row cost
+//     bends moves its intercept by seconds either way;
 //   - hydration: on one more `jetsync run`, after its first backup
 //     snapshot, the whole `issue` table hydrated server side (put →
 //     pokeEnd, as bench/viewsyncer's server measure) -hydrations times,
@@ -59,6 +61,7 @@ func main() {
 	benchenv.DataFlag(&o.data)
 	flag.StringVar(&o.sizes, "issues", "100000,300000,1000000", "seed.sh sizes (issues), at least two, smallest first")
 	flag.IntVar(&o.runs, "runs", 3, "initial syncs per size and binary (the median is reported)")
+	flag.IntVar(&o.empty, "empty-issues", 10, "seed.sh size whose start → ready is the fixed start-up cost (-runs+2 syncs, median); 0 skips it")
 	flag.IntVar(&o.hydrations, "hydrations", 3, "whole-table hydrations per size (the median is reported); 0 skips hydration and memory")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (logs, data)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the first binary's last initial sync of the largest size to this file, as long as its first one took")
@@ -73,6 +76,7 @@ type options struct {
 	bins, data, sizes string
 	cpuprofile        string
 	runs, hydrations  int
+	empty             int
 	keep              bool
 }
 
@@ -128,6 +132,13 @@ func run(o options) error {
 			return err
 		}
 		bins = append(bins, b)
+	}
+
+	var fixed []time.Duration
+	if o.empty > 0 {
+		if fixed, err = emptySyncs(ctx, bins[0], filepath.Join(root, "empty"), o.data, o.empty, o.runs+2, o.keep); err != nil {
+			return err
+		}
 	}
 
 	last := len(sizes) - 1
@@ -236,19 +247,22 @@ func run(o options) error {
 	benchenv.Report(benchenv.Aim{Issue: 17, Name: fmt.Sprintf("initial sync per extra row (Postgres to replica ready), fit over %s issues", sizeList(sizes)),
 		Figure: fmt.Sprintf("%.0f rows/s", f.slope), Target: "≥ 1,000,000 rows/s", Ref: "≈ 680,000 rows/s",
 		Met: f.slope >= 1e6})
-	fixed := f.fixed.Round(time.Millisecond).String()
+	// The fit's intercept is printed beside the timed figure only: a line
+	// bending up, as a per-row cost that grows does, pulls it down, and
+	// the load on two cores moves it by a second either way.
+	intercept := fmt.Sprintf("intercept of the fit %s", f.fixed.Round(time.Millisecond))
 	if len(sizes) >= 3 {
-		// A line bending up, as a per-row cost that grows does, pulls the
-		// intercept down: the two smallest sizes alone say how much.
 		a, b := lineFit(xs[:2], seconds(f.ready[:2]))
 		if b > 0 {
-			fixed += fmt.Sprintf(" (%s from %s alone)", time.Duration(a*float64(time.Second)).Round(time.Millisecond), sizeList(sizes[:2]))
+			intercept += fmt.Sprintf(", %s from %s alone", time.Duration(a*float64(time.Second)).Round(time.Millisecond), sizeList(sizes[:2]))
 		}
 	}
-	benchenv.Report(benchenv.Aim{Issue: 17, Name: fmt.Sprintf("initial sync fixed start-up cost, fit over %s issues", sizeList(sizes)),
-		Figure: fixed, Target: "< 500ms",
-		// A negative intercept is noise, not a cost under the aim.
-		Met: f.slope > 0 && f.fixed >= 0 && f.fixed < 500*time.Millisecond})
+	if len(fixed) > 0 {
+		m := median(fixed, func(d time.Duration) time.Duration { return d })
+		benchenv.Report(benchenv.Aim{Issue: 17, Name: fmt.Sprintf("initial sync fixed start-up cost: start → ready on seed.sh %d (median of %d)", o.empty, len(fixed)),
+			Figure: fmt.Sprintf("%s (%s; %s)", m.Round(time.Millisecond), list(fixed), intercept), Target: "< 500ms",
+			Met: m < 500*time.Millisecond})
+	}
 	if len(sizes) >= 3 {
 		// The CPU per row says how much of a bend is the load on the
 		// machine's cores rather than the work.
@@ -287,6 +301,40 @@ func run(o options) error {
 		reportGrowth("peak RSS (VmHWM) after initial sync and hydrations", xs, hwms, func(y float64) string { return fmt.Sprintf("%.0f MiB", y) }, "")
 	}
 	return nil
+}
+
+// emptySyncs times n initial syncs of bin from an empty data folder on
+// seed.sh issues, each until its replica is ready.
+func emptySyncs(ctx context.Context, bin, dir, data string, issues, n int, keep bool) ([]time.Duration, error) {
+	pg, url, err := benchenv.StartUpstream(ctx, dir, data, issues, appID)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = pg.Kill(context.WithoutCancel(ctx)) }()
+	want, err := upstreamCounts(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	var rows int64
+	for _, c := range want {
+		rows += c
+	}
+	var ds []time.Duration
+	for r := range n {
+		run := filepath.Join(dir, fmt.Sprintf("run-%d", r))
+		s, err := syncOnce(ctx, bin, run, url, want, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%d issues: %w", issues, err)
+		}
+		fmt.Printf("%d rows: ready in %s, CPU %s\n", rows, s.ready.Round(time.Millisecond), s.cpu.Round(time.Millisecond))
+		ds = append(ds, s.ready)
+		if !keep {
+			if err := os.RemoveAll(run); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return ds, nil
 }
 
 // aimHydration is issue 17's bound on whole-table hydration, as a fraction

@@ -194,7 +194,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		purging:      map[string]bool{},
 	}
 	s.applies.run = s.applyBatch
-	s.commits.js, s.commits.timeout = cfg.JS, commitTimeout
+	s.commits.js, s.commits.timeout, s.commits.pipelined = cfg.JS, commitTimeout, maxPipelined
 	// A renewal slower than this is no better than a failed one: the
 	// next is due.
 	s.owners.js, s.owners.timeout = cfg.JS, cfg.LeaseTTL/3

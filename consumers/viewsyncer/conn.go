@@ -50,9 +50,12 @@ var upgrader = websocket.Upgrader{
 // conn is one client websocket. Its handler goroutine reads and processes
 // upstream frames in order; a writer goroutine drains the send queue.
 type conn struct {
-	s   *Server
-	g   *group
-	ws  *websocket.Conn
+	s  *Server
+	g  *group
+	ws *websocket.Conn
+	// out is ws's network connection, which the writer holds writes on
+	// (coalesce.go); nil if the upgrade did not go through it.
+	out *heldConn
 	log *slog.Logger
 	// proto is the sync protocol version of the connect URL.
 	proto int
@@ -170,7 +173,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if proto != "" {
 		hdr = http.Header{"Sec-Websocket-Protocol": {proto}}
 	}
-	ws, err := upgrader.Upgrade(w, r, hdr)
+	hw := &holdingWriter{ResponseWriter: w}
+	ws, err := upgrader.Upgrade(hw, r, hdr)
 	if err != nil {
 		return // Upgrade has answered
 	}
@@ -199,7 +203,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &conn{
-		s: s, ws: ws, proto: version, clientID: p.clientID, wsID: p.wsID, userID: p.userID,
+		s: s, ws: ws, out: hw.conn, proto: version, clientID: p.clientID, wsID: p.wsID, userID: p.userID,
 		base: p.baseCookie, hasBase: p.hasBase, wake: make(chan struct{}, 1),
 		log: log.With(logkey.ClientGroup, p.clientGroupID, logkey.Client, p.clientID),
 	}
@@ -492,6 +496,8 @@ func (c *conn) writeLoop() {
 			}
 			frames = nil
 		}
+		c.out.hold()
+		var werr error
 		for i, f := range frames {
 			if c.slow.Load() {
 				// Closed for not reading meanwhile: the rest is dropped,
@@ -503,20 +509,26 @@ func (c *conn) writeLoop() {
 				break
 			}
 			_ = c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
-			err := c.ws.WriteMessage(websocket.TextMessage, f)
+			werr = c.ws.WriteMessage(websocket.TextMessage, f)
 			c.account(-len(f))
-			if err != nil {
-				c.log.Debug("write", "err", err)
+			if werr != nil {
 				for _, rest := range frames[i+1:] {
 					c.account(-len(rest))
 				}
-				c.closeQuietly()
-				c.qmu.Lock()
-				c.dropQueueLocked()
-				c.qmu.Unlock()
-				_ = c.ws.Close()
-				return
+				break
 			}
+		}
+		if err := c.out.release(); werr == nil {
+			werr = err
+		}
+		if werr != nil {
+			c.log.Debug("write", "err", werr)
+			c.closeQuietly()
+			c.qmu.Lock()
+			c.dropQueueLocked()
+			c.qmu.Unlock()
+			_ = c.ws.Close()
+			return
 		}
 		if len(frames) > 0 {
 			last = time.Now()
@@ -547,6 +559,7 @@ func (c *conn) containWriter() {
 		return
 	}
 	perr := internalPanicError("writer")
+	_ = c.out.release()
 	c.qmu.Lock()
 	c.closing = true
 	c.dropQueueLocked()

@@ -123,3 +123,35 @@ func TestServer_StreamedPoke(t *testing.T) {
 		}
 	})
 }
+
+// TestServer_PokeIsOneWrite checks that a poke's frames, queued together,
+// reach the socket in one write, not one each (coalesce.go).
+func TestServer_PokeIsOneWrite(t *testing.T) {
+	e := newEnv(t, envOptions{issues: 20})
+	a := connect(t, e, dialOpts{group: "one", client: "a", init: initFrame(testSchema)})
+	a.hydrated()
+	a.send(`["changeDesiredQueries",{"desiredQueriesPatch":[` + put("q", `{"table":"issue","orderBy":[["id","asc"]]}`, 0) + `]}]`)
+	// The query's got put may come in a poke after the desire's.
+	for i := 0; !has(a.poke(), `got {"hash":"q","op":"put"}`); i++ {
+		if i == 2 {
+			t.Fatal("no poke put query q in the got set")
+		}
+	}
+	e.srv.mu.Lock()
+	g := e.srv.groups["one"]
+	e.srv.mu.Unlock()
+	g.mu.Lock()
+	out := g.conns["a"].out
+	g.mu.Unlock()
+	if out == nil {
+		t.Fatal("the connection's socket is not a heldConn")
+	}
+	before := out.writes.Load()
+	e.execSQL("UPDATE issue SET title = 'x' WHERE id = 'i0000007'")
+	if frames := a.readPokeFrames(); len(frames) != 3 {
+		t.Fatalf("one-row poke of %d frames; want 3", len(frames))
+	}
+	if n := out.writes.Load() - before; n != 1 {
+		t.Errorf("a poke of 3 frames took %d writes to the socket; want 1", n)
+	}
+}

@@ -32,14 +32,7 @@ func TestDenied_ReadsNothing(t *testing.T) {
 		{"Exists", `{"table":"issue","where":{"type":"correlatedSubquery","op":"EXISTS","related":{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"zsubq_c","where":` + denied + `}}},"limit":5}`, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ast, err := ParseAST([]byte(tc.ast))
-			if err != nil {
-				t.Fatal(err)
-			}
-			q, err := Compile(benchSchema, ast)
-			if err != nil {
-				t.Fatal(err)
-			}
+			q := compileJSON(t, tc.ast)
 			res, err := q.Hydrate(ctx, tx)
 			if err != nil {
 				t.Fatal(err)
@@ -85,14 +78,7 @@ func TestBounds_SQLiteLimits(t *testing.T) {
 	tx := readTx(t, db)
 	run := func(t *testing.T, ast string) []string {
 		t.Helper()
-		a, err := ParseAST([]byte(ast))
-		if err != nil {
-			t.Fatal(err)
-		}
-		q, err := Compile(benchSchema, a)
-		if err != nil {
-			t.Fatal(err)
-		}
+		q := compileJSON(t, ast)
 		res, err := q.Hydrate(ctx, tx)
 		if err != nil {
 			t.Fatal(err)
@@ -194,15 +180,7 @@ func TestRelated_ReadsItsLimit(t *testing.T) {
 						`,"related":[{"correlation":{"parentField":["id"],"childField":["issue_id"]},"subquery":{"table":"comment","alias":"comments","orderBy":[["id","asc"]]` + sub + `}}]}`
 				}
 				hydrate := func(js string) *Result {
-					ast, err := ParseAST([]byte(js))
-					if err != nil {
-						t.Fatal(err)
-					}
-					q, err := Compile(benchSchema, ast)
-					if err != nil {
-						t.Fatal(err)
-					}
-					res, err := q.Hydrate(context.Background(), tx)
+					res, err := compileJSON(t, js).Hydrate(context.Background(), tx)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -235,4 +213,18 @@ func TestRelated_ReadsItsLimit(t *testing.T) {
 			})
 		}
 	}
+}
+
+// compileJSON parses and compiles a query's AST against benchSchema.
+func compileJSON(tb testing.TB, js string) *Query {
+	tb.Helper()
+	ast, err := ParseAST([]byte(js))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	q, err := Compile(benchSchema, ast)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return q
 }

@@ -497,27 +497,6 @@ func shown(at []time.Time, lo, hi int) []time.Time {
 	return out
 }
 
-// cpuTime is the user and system CPU time of process pid so far (0 when
-// /proc does not say).
-func cpuTime(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name, in parentheses, may hold spaces: fields count
-	// from after it; utime and stime are the 14th and 15th, in ticks.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / clockTicks
-}
-
-// clockTicks is USER_HZ, 100 on Linux.
-const clockTicks = 100
-
 type row struct {
 	groups int
 	slow   step
@@ -650,4 +629,10 @@ func startJetsync(ctx context.Context, bin, root, upstreamURL, extraEnv string) 
 		Bin: bin, Root: root, Extra: extraEnv, AfterBackup: true,
 		Env: []string{"ZERO_UPSTREAM_DB=" + upstreamURL, "ZERO_APP_ID=" + appID, "ZERO_APP_PUBLICATIONS=" + publication},
 	})
+}
+
+// cpuTime is process pid's CPU time so far, 0 when /proc does not say.
+func cpuTime(pid int) time.Duration {
+	d, _ := benchenv.CPUTime(pid)
+	return d
 }

@@ -452,19 +452,19 @@ func hydrate(ctx context.Context, bin, dir, url string, issues, n int) (hydratio
 			return h, err
 		}
 		h.settle = append(h.settle, waited)
-		cpu0, err := cpuTime(pid)
+		cpu0, err := benchenv.CPUTime(pid)
 		if err != nil {
 			return h, err
 		}
 		var cpuGot time.Duration
 		var errGot error
 		r, err := syncclient.Hydrate(p.Base, fmt.Sprintf("bench-scale-%d-%d", issues, i), syncclient.AllIssues, func() {
-			cpuGot, errGot = cpuTime(pid)
+			cpuGot, errGot = benchenv.CPUTime(pid)
 		})
 		if err = cmp.Or(err, errGot); err != nil {
 			return h, err
 		}
-		cpu1, err := cpuTime(pid)
+		cpu1, err := benchenv.CPUTime(pid)
 		if err != nil {
 			return h, err
 		}
@@ -488,7 +488,7 @@ func hydrate(ctx context.Context, bin, dir, url string, issues, n int) (hydratio
 func settle(ctx context.Context, pid int, limit time.Duration) (time.Duration, error) {
 	const window = 500 * time.Millisecond
 	t0 := time.Now()
-	prev, err := cpuTime(pid)
+	prev, err := benchenv.CPUTime(pid)
 	if err != nil {
 		return 0, err
 	}
@@ -498,7 +498,7 @@ func settle(ctx context.Context, pid int, limit time.Duration) (time.Duration, e
 			return 0, ctx.Err()
 		case <-time.After(window):
 		}
-		now, err := cpuTime(pid)
+		now, err := benchenv.CPUTime(pid)
 		if err != nil {
 			return 0, err
 		}
@@ -594,7 +594,7 @@ func syncOnce(ctx context.Context, bin, dir, url string, want map[string]int64, 
 		}
 		fmt.Printf("CPU profile of the initial sync's first %s: %s\n", prof.d.Round(time.Millisecond), prof.file)
 	}
-	if s.cpu, err = cpuTime(p.Cmd.Process.Pid); err != nil {
+	if s.cpu, err = benchenv.CPUTime(p.Cmd.Process.Pid); err != nil {
 		return s, err
 	}
 	if rec := p.Log.Find("initial sync done"); rec != nil {
@@ -648,27 +648,6 @@ func (p *profile) take(ctx context.Context) error {
 }
 
 func num(v any) float64 { f, _ := v.(float64); return f }
-
-// cpuTime reads a live process's user+sys CPU time from /proc.
-func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name, which may hold spaces, closed by ')'.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad times", pid)
-	}
-	const hz = 100 // USER_HZ on Linux
-	return time.Duration(utime+stime) * time.Second / hz, nil
-}
 
 func upstreamCounts(ctx context.Context, url string) (map[string]int64, error) {
 	conn, err := pgx.Connect(ctx, url)

@@ -232,7 +232,7 @@ func run(o options) error {
 		rep.rss = append(rep.rss, js.rss("latency"))
 	}
 	if want["loaded"] {
-		cpu0, err := procCPU(js.Cmd.Process.Pid)
+		cpu0, err := benchenv.CPUTime(js.Cmd.Process.Pid)
 		if err != nil {
 			return err
 		}
@@ -241,7 +241,7 @@ func run(o options) error {
 		if err != nil {
 			return fmt.Errorf("loaded: %w", err)
 		}
-		cpu1, err := procCPU(js.Cmd.Process.Pid)
+		cpu1, err := benchenv.CPUTime(js.Cmd.Process.Pid)
 		if err != nil {
 			return err
 		}

@@ -225,27 +225,6 @@ func floats1(fs []float64, scale float64) string {
 	return strings.Join(s, ", ")
 }
 
-// procCPU is pid's user and system CPU time so far, from /proc/pid/stat
-// (clock ticks of 1/100 s, Linux's USER_HZ).
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command, which is in parentheses and may hold spaces.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b)[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad times %q %q", pid, f[11], f[12])
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
-}
-
 // goRetitle starts writer w of writers on g: per single-row UPDATEs, rate
 // a second across the writers (as fast as they go when rate is 0). Writer
 // w owns issues w+1, w+1+writers, ... of the first rows (a multiple of

@@ -100,7 +100,7 @@ func measureOTelRound(ctx context.Context, bin, root, pgURL string, q queries, o
 	cpus := func() ([2]time.Duration, error) {
 		var out [2]time.Duration
 		for i, j := range js {
-			c, err := procCPU(j.Cmd.Process.Pid)
+			c, err := benchenv.CPUTime(j.Cmd.Process.Pid)
 			if err != nil {
 				return out, err
 			}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -109,18 +108,6 @@ var errTimeout = errors.New("timed out")
 // cpu is the CPU time (user and system) the jetsync process used so far;
 // 0 when /proc does not say.
 func (j *jetsync) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", j.Cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command's closing parenthesis; utime and
-	// stime are the 14th and 15th of the whole line, in clock ticks.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	k, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+k) * time.Second / 100
+	d, _ := benchenv.CPUTime(j.Cmd.Process.Pid)
+	return d
 }

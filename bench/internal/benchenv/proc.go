@@ -216,3 +216,25 @@ func Mem(pid int) (hwm, rss int64, err error) {
 	}
 	return hwm, rss, nil
 }
+
+// CPUTime reads a live process's user and system CPU time so far.
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, in parentheses, may hold spaces: fields count from
+	// after it, and utime and stime are the line's 14th and 15th.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad times %q %q", pid, f[11], f[12])
+	}
+	const userHZ = 100 // clock ticks per second on Linux
+	return time.Duration(utime+stime) * time.Second / userHZ, nil
+}
